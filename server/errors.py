@@ -1,0 +1,97 @@
+"""The one error tree of the Calor server; each class carries its gRPC status code.
+
+    CalorError
+    ├── InvalidArgumentError      INVALID_ARGUMENT   bad input; nothing changed
+    ├── NotFoundError             NOT_FOUND          no such memory / trigger in this channel
+    ├── PermissionDeniedError     PERMISSION_DENIED  the caller may not use that channel
+    ├── ResourceExhaustedError    RESOURCE_EXHAUSTED a gate or overload; may carry a retry delay
+    ├── FailedPreconditionError   FAILED_PRECONDITION the request does not fit the current state
+    │   └── StoreMismatchError                       the data dir was made by another model/schema
+    ├── UnavailableError          UNAVAILABLE        the server is starting or stopping
+    │   └── ModelUnavailableError                    the embedding model is missing or corrupt
+    └── UnimplementedError        UNIMPLEMENTED      declared in the API, not built yet
+
+Foreign exceptions are translated into these at one boundary (the servicers'
+``rpc_errors`` wrapper); everything below raises only these.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "CalorError",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "ModelUnavailableError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "StoreMismatchError",
+    "UnavailableError",
+    "UnimplementedError",
+]
+
+
+class CalorError(Exception):
+    """Base of every error the server raises on purpose."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgumentError(CalorError):
+    """The request is malformed; nothing was changed."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(CalorError):
+    """The named memory or trigger does not exist in the caller's channel."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class PermissionDeniedError(CalorError):
+    """The caller may not read or write the named channel."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhaustedError(CalorError):
+    """A gate is closed or the server is overloaded; retry after ``retry_after`` seconds."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class FailedPreconditionError(CalorError):
+    """The request does not fit the current state of the data."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StoreMismatchError(FailedPreconditionError):
+    """The data directory was written by another schema version or embedding model."""
+
+
+class UnavailableError(CalorError):
+    """The service cannot answer right now."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ModelUnavailableError(UnavailableError):
+    """The embedding model files are missing or do not match their hashes."""
+
+
+class UnimplementedError(CalorError):
+    """The RPC is part of the API but not implemented yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
