@@ -39,6 +39,7 @@ lint: $(STAMP) $(BUF)
 	$(VENV)/bin/ruff check server client triggers models tests bench
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/calor
 	for d in server client triggers models; do ln -s $(CURDIR)/$$d $(TYPECHECK)/calor/$$d; done
+	ln -s $(CURDIR)/client/v1 $(TYPECHECK)/calor/v1
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy -p calor.server -p calor.client -p calor.models -p calor.triggers
 
 test: $(STAMP) lint

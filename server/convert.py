@@ -1,0 +1,87 @@
+"""Engine records → API messages; heat and state are evaluated at the moment of reply."""
+
+from __future__ import annotations
+
+from calor.server.engine import ChannelStatus
+from calor.server.recall import Hit
+from calor.server.records import MemoryRecord
+from calor.server.temporal import TimeWindow
+from calor.v1 import memory_pb2, memory_service_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
+
+__all__ = ["hit_message", "memory_message", "status_message", "window_message"]
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    whole = int(seconds // 1)
+    stamp.seconds = whole
+    stamp.nanos = int(round((seconds - whole) * 1e9)) % 1_000_000_000
+    return stamp
+
+
+def _enum(prefix: str, name: str) -> str:
+    return f"{prefix}{name.upper()}"
+
+
+def memory_message(record: MemoryRecord, heat: float, state: str) -> memory_pb2.Memory:
+    """The API view of a memory whose current heat and state are given."""
+    message = memory_pb2.Memory(
+        id=record.id,
+        channel=record.channel,
+        text=record.text,
+        memory_type=memory_pb2.MemoryType.Value(_enum("MEMORY_TYPE_", record.memory_type)),
+        heat=heat,
+        stability=record.stability,
+        importance=record.importance,
+        utility=record.utility,
+        recall_count=record.recall_count,
+        keystone=record.keystone,
+        state=memory_pb2.MemoryState.Value(_enum("MEMORY_STATE_", state)),
+        tags=record.tags,
+        entities=record.entities,
+        created_at=_timestamp(record.created_at),
+        updated_at=_timestamp(record.updated_at),
+        merged_into=record.merged_into,
+        merged_from=record.merged_from,
+        source=memory_pb2.Source.Value(_enum("SOURCE_", record.source)),
+        confidence=memory_pb2.Confidence.Value(_enum("CONFIDENCE_", record.confidence)),
+        provenance=record.provenance,
+        heat0=record.heat0,
+        t0=_timestamp(record.t0),
+    )
+    if record.last_recalled_at is not None:
+        message.last_recalled_at.CopyFrom(_timestamp(record.last_recalled_at))
+    return message
+
+
+def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.RecallHit:
+    """One recall hit with its score breakdown."""
+    return memory_service_pb2.RecallHit(
+        memory=memory,
+        score=hit.score,
+        similarity=hit.similarity,
+        keyword=hit.keyword,
+        temporal=hit.temporal,
+        band=hit.band,
+        heat=hit.heat,
+        channel_bonus=hit.channel_bonus,
+    )
+
+
+def window_message(window: TimeWindow) -> memory_service_pb2.TimeWindow:
+    """The time window a recall boosted."""
+    return memory_service_pb2.TimeWindow(
+        start=_timestamp(window.start.timestamp()),
+        end=_timestamp(window.end.timestamp()),
+        phrase=window.phrase,
+    )
+
+
+def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse:
+    """A channel's counts, keyed by the API's enum names."""
+    return memory_service_pb2.IdentityResponse(
+        total=status.total,
+        by_state={_enum("MEMORY_STATE_", k): v for k, v in status.by_state.items()},
+        by_type={_enum("MEMORY_TYPE_", k): v for k, v in status.by_type.items()},
+    )

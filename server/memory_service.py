@@ -1,0 +1,252 @@
+"""MemoryService: thin async servicers — validate, hand to the engine, convert the reply."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+from calor.server.commands import ListQuery, NewMemory
+from calor.server.convert import hit_message, memory_message, status_message, window_message
+from calor.server.engine import Stored
+from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
+from calor.server.records import MemoryRecord
+from calor.server.rpc import abort_with, rpc_errors
+from calor.server.runtime import Runtime
+from calor.server.validation import encode_page_token
+from calor.v1 import memory_pb2, memory_service_pb2_grpc
+from calor.v1 import memory_service_pb2 as pb
+
+__all__ = ["MemoryServicer"]
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
+    """The gRPC face of the memory engine."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def _memory(self, record: MemoryRecord) -> memory_pb2.Memory:
+        engine = self._rt.engine
+        return memory_message(record, engine.heat(record), engine.state(record))
+
+    async def _store(self, items: list[NewMemory]) -> list[Stored]:
+        engine = self._rt.engine
+        vectors = await self._rt.embeddings.passages([item.text for item in items])
+        return await self._rt.run(engine.store, items, vectors)
+
+    @rpc_errors
+    async def Store(self, request: pb.StoreRequest, context: _Context) -> pb.StoreResponse:
+        item = self._rt.validator.store(request)
+        earlier = await self._rt.run(
+            self._rt.engine.find_idempotent, item.channel, item.idempotency_key
+        )
+        if earlier is not None:
+            return pb.StoreResponse(memory=self._memory(earlier))
+        [stored] = await self._store([item])
+        return pb.StoreResponse(memory=self._memory(stored.record))
+
+    async def StoreStream(
+        self, request_iterator: AsyncIterator[pb.StoreStreamRequest], context: _Context
+    ) -> pb.StoreStreamResponse:
+        """All or nothing: items are validated and embedded as they arrive, then stored
+        together in one atomic batch, so a bad item leaves the channel unchanged."""
+        try:
+            items, vectors = await self._receive(request_iterator)
+            stored = await self._rt.run(self._rt.engine.store, items, vectors)
+        except CalorError as error:
+            await abort_with(context, error)
+            raise  # unreachable: abort raises
+        return pb.StoreStreamResponse(ids=[s.record.id for s in stored])
+
+    async def _receive(
+        self, requests: AsyncIterator[pb.StoreStreamRequest]
+    ) -> tuple[list[NewMemory], np.ndarray]:
+        limits = self._rt.config.limits
+        items: list[NewMemory] = []
+        pending: list[asyncio.Task[np.ndarray]] = []
+        chunk: list[NewMemory] = []
+        embeddings = self._rt.embeddings
+        try:
+            async for request in requests:
+                if len(items) >= limits.max_stream_items:
+                    raise InvalidArgumentError(
+                        f"StoreStream: more than {limits.max_stream_items} items in one stream"
+                    )
+                try:
+                    item = self._rt.validator.store(request.store)
+                except InvalidArgumentError as error:
+                    raise InvalidArgumentError(f"item {len(items)}: {error.message}") from None
+                items.append(item)
+                chunk.append(item)
+                if len(chunk) == limits.max_stream_batch:
+                    pending.append(
+                        asyncio.ensure_future(embeddings.passages([i.text for i in chunk]))
+                    )
+                    chunk = []
+            if chunk:
+                pending.append(asyncio.ensure_future(embeddings.passages([i.text for i in chunk])))
+            parts = [await task for task in pending]
+        finally:
+            for task in pending:
+                task.cancel()
+        if not items:
+            raise InvalidArgumentError("StoreStream: the stream held no items")
+        return items, np.concatenate(parts)
+
+    @rpc_errors
+    async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
+        query = self._rt.validator.recall(request)
+        vector = await self._rt.embeddings.query(query.query)
+        result = await self._rt.run(self._rt.engine.recall, query, vector)
+        reply = pb.RecallResponse(
+            hits=[hit_message(hit, self._memory(hit.record)) for hit in result.hits]
+        )
+        if result.window is not None:
+            reply.temporal_window.CopyFrom(window_message(result.window))
+        return reply
+
+    @rpc_errors
+    async def Inspect(self, request: pb.InspectRequest, context: _Context) -> pb.InspectResponse:
+        validator = self._rt.validator
+        record = await self._rt.run(
+            self._rt.engine.inspect,
+            validator.channel(request.channel),
+            validator.memory_id(request.id),
+        )
+        return pb.InspectResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def ListMemories(
+        self, request: pb.ListMemoriesRequest, context: _Context
+    ) -> pb.ListMemoriesResponse:
+        query = self._rt.validator.list_query(request)
+        page, after = await self._rt.run(self._rt.engine.list_page, query)
+        return pb.ListMemoriesResponse(
+            memories=[self._memory(r) for r in page],
+            next_page_token=encode_page_token(after) if after else "",
+        )
+
+    @rpc_errors
+    async def Update(self, request: pb.UpdateRequest, context: _Context) -> pb.UpdateResponse:
+        change = self._rt.validator.update(request)
+        vector = None
+        if change.text is not None:
+            vector = (await self._rt.embeddings.passages([change.text]))[0]
+        record = await self._rt.run(self._rt.engine.update, change, vector)
+        return pb.UpdateResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def Keystone(self, request: pb.KeystoneRequest, context: _Context) -> pb.KeystoneResponse:
+        validator = self._rt.validator
+        record = await self._rt.run(
+            self._rt.engine.keystone,
+            validator.channel(request.channel),
+            validator.memory_id(request.id),
+            request.keystone,
+        )
+        return pb.KeystoneResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def Boost(self, request: pb.BoostRequest, context: _Context) -> pb.BoostResponse:
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        memory_id = validator.memory_id(request.id)
+        delta = validator.delta(request.delta)
+        record = await self._rt.run(self._rt.engine.boost, channel, memory_id, delta)
+        return pb.BoostResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def Forget(self, request: pb.ForgetRequest, context: _Context) -> pb.ForgetResponse:
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        limit = self._rt.config.limits.max_forget_ids
+        if len(request.ids) > limit:
+            raise InvalidArgumentError(f"ids: more than {limit} in one call")
+        ids = [validator.memory_id(i, "ids") for i in request.ids]
+        if request.HasField("filter"):
+            ids.extend(await self._rt.run(self._rt.engine.matching, channel, self._filter(request)))
+        elif not ids:
+            raise InvalidArgumentError("forget: give ids or a filter")
+        count = await self._rt.run(self._rt.engine.forget, channel, ids)
+        return pb.ForgetResponse(forgotten=count)
+
+    def _filter(self, request: pb.ForgetRequest) -> ListQuery:
+        validator = self._rt.validator
+        spec = request.filter
+        query = ListQuery(
+            channel=request.channel,
+            memory_types=validator.memory_types(spec.memory_types),
+            states=validator.states(spec.states),
+            tags=validator.tag_filter(spec.tags),
+            time_to=validator.timestamp(spec.created_before, "filter.created_before")
+            if spec.HasField("created_before")
+            else None,
+        )
+        if not (query.memory_types or query.states or query.tags or query.time_to is not None):
+            raise InvalidArgumentError(
+                "filter: an empty filter would forget everything; name "
+                "types, states, tags or created_before"
+            )
+        return query
+
+    @rpc_errors
+    async def Identity(self, request: pb.IdentityRequest, context: _Context) -> pb.IdentityResponse:
+        channel = self._rt.validator.channel(request.channel)
+        status = await self._rt.run(self._rt.engine.status, channel)
+        return status_message(status)
+
+    async def _unimplemented(self, name: str, issue: int, context: _Context) -> None:
+        await abort_with(
+            context, UnimplementedError(f"{name} is not implemented yet (issue {issue})")
+        )
+
+    async def Connect(self, request: pb.ConnectRequest, context: _Context) -> pb.ConnectResponse:
+        await self._unimplemented("Connect", 3, context)
+        return pb.ConnectResponse()
+
+    async def Share(self, request: pb.ShareRequest, context: _Context) -> pb.ShareResponse:
+        await self._unimplemented("Share", 3, context)
+        return pb.ShareResponse()
+
+    async def Evaluate(self, request: pb.EvaluateRequest, context: _Context) -> pb.EvaluateResponse:
+        await self._unimplemented("Evaluate", 7, context)
+        return pb.EvaluateResponse()
+
+    async def EntityCard(
+        self, request: pb.EntityCardRequest, context: _Context
+    ) -> pb.EntityCardResponse:
+        await self._unimplemented("EntityCard", 7, context)
+        return pb.EntityCardResponse()
+
+    async def Dream(self, request: pb.DreamRequest, context: _Context) -> pb.DreamResponse:
+        await self._unimplemented("Dream", 5, context)
+        return pb.DreamResponse()
+
+    async def Offer(self, request: pb.OfferRequest, context: _Context) -> pb.OfferResponse:
+        await self._unimplemented("Offer", 5, context)
+        return pb.OfferResponse()
+
+    async def Context(self, request: pb.ContextRequest, context: _Context) -> pb.ContextResponse:
+        await self._unimplemented("Context", 7, context)
+        return pb.ContextResponse()
+
+    async def Feedback(self, request: pb.FeedbackRequest, context: _Context) -> pb.FeedbackResponse:
+        await self._unimplemented("Feedback", 6, context)
+        return pb.FeedbackResponse()
+
+    async def Export(
+        self, request: pb.ExportRequest, context: _Context
+    ) -> AsyncIterator[pb.ExportResponse]:
+        await self._unimplemented("Export", 5, context)
+        yield pb.ExportResponse()
+
+    async def Import(
+        self, request_iterator: AsyncIterator[pb.ImportRequest], context: _Context
+    ) -> pb.ImportResponse:
+        await self._unimplemented("Import", 5, context)
+        return pb.ImportResponse()

@@ -1,0 +1,134 @@
+"""Recall ranking: candidates from meaning and words, scored by similarity, heat and time.
+
+score = w_sim·similarity + w_heat·heat + w_kw·keyword_overlap
+        + temporal_boost (≤ w_temporal, fading over the fade days)
+        + w_own if the memory is in the caller's own channel
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+from calor.server.commands import RecallQuery
+from calor.server.index import ChannelIndex
+from calor.server.lexical import keyword_overlap, tokenize
+from calor.server.lifecycle import current_heat, current_state
+from calor.server.policy import ChannelPolicy
+from calor.server.records import ACTIVE, COLD, MemoryRecord
+from calor.server.temporal import TimeWindow, detect_window, temporal_boost
+
+__all__ = ["Hit", "band", "candidate_pool", "rank_channel", "recall_window"]
+
+_SEARCHABLE = frozenset({ACTIVE, COLD})
+HIGH_BAND = 0.65
+MID_BAND = 0.50
+
+
+@dataclass
+class Hit:
+    """One ranked memory and the parts of its score."""
+
+    record: MemoryRecord
+    score: float
+    similarity: float
+    keyword: float
+    temporal: float
+    heat: float
+    channel_bonus: float
+
+    @property
+    def band(self) -> str:
+        """The confidence band of this hit."""
+        return band(self.similarity, self.keyword)
+
+
+def band(similarity: float, keyword: float) -> str:
+    """A stable confidence band from the evidence of relevance alone (not heat or time).
+
+    ``high`` when the meaning is close; ``mid`` when it is near, or when moderate
+    meaning is backed by most of the query's words; ``low`` otherwise.
+    """
+    if similarity >= HIGH_BAND:
+        return "high"
+    if similarity >= MID_BAND or (similarity >= 0.45 and keyword >= 0.5):
+        return "mid"
+    return "low"
+
+
+def recall_window(query: RecallQuery, now: float) -> TimeWindow | None:
+    """The window recall boosts: the explicit range if given, else one the query names."""
+    if query.time_from is not None or query.time_to is not None:
+        start = datetime.fromtimestamp(query.time_from or 0.0, UTC)
+        end = datetime.fromtimestamp(query.time_to if query.time_to is not None else now, UTC)
+        return TimeWindow(start=start, end=end, phrase="")
+    as_of = query.as_of if query.as_of is not None else now
+    return detect_window(query.query, datetime.fromtimestamp(as_of, UTC))
+
+
+def candidate_pool(query: RecallQuery) -> int:
+    """How many candidates each index contributes: generous, more so under filters."""
+    filtered = bool(query.memory_types or query.states or query.tags or query.min_heat)
+    return max(query.limit * 4, 1000 if filtered else 100)
+
+
+def _passes(record: MemoryRecord, state: str, heat: float, query: RecallQuery) -> bool:
+    if query.states and state not in query.states:
+        return False
+    if query.memory_types and record.memory_type not in query.memory_types:
+        return False
+    if heat < query.min_heat:
+        return False
+    return all(record.tags.get(key) == value for key, value in query.tags)
+
+
+def rank_channel(
+    index: ChannelIndex,
+    records: Mapping[str, MemoryRecord],
+    policy: ChannelPolicy,
+    query: RecallQuery,
+    query_vector: np.ndarray,
+    window: TimeWindow | None,
+    now: float,
+    own: bool,
+) -> list[Hit]:
+    """Score the channel's candidates for the query; unsorted, filters applied."""
+    pool = candidate_pool(query)
+    labels, sims = index.dense(query_vector, pool)
+    similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
+    lexical_only = [
+        label for label, _ in index.lexical.search(query.query, pool) if label not in similarity
+    ]
+    if lexical_only:
+        extra = index.similarities(query_vector, lexical_only)
+        similarity.update(zip(lexical_only, extra.tolist(), strict=True))
+    terms = tokenize(query.query)
+    weights = policy.weights
+    bonus = weights.own_channel if own else 0.0
+    hits: list[Hit] = []
+    for label, sim in similarity.items():
+        record = records[index.memory_id(label)]
+        heat = current_heat(record, policy, now)
+        state = current_state(record, policy, now)
+        if state not in _SEARCHABLE or not _passes(record, state, heat, query):
+            continue
+        keyword = keyword_overlap(terms, record.text)
+        boost = 0.0
+        if window is not None:
+            boost = temporal_boost(
+                datetime.fromtimestamp(record.created_at, UTC),
+                window,
+                weights.temporal,
+                weights.temporal_fade_days,
+            )
+        score = (
+            weights.similarity * sim
+            + weights.heat * heat
+            + weights.keyword * keyword
+            + boost
+            + bonus
+        )
+        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus))
+    return hits

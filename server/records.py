@@ -1,0 +1,61 @@
+"""The memory record as RocksDB keeps it, and its JSON encoding.
+
+Times are float seconds since the Unix epoch (UTC). Heat is stored as ``heat0`` at
+``t0``; the current heat is a function of the clock (see ``heat.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["ACTIVE", "ARCHIVED", "COLD", "DELETED", "GHOST", "MERGED", "MemoryRecord"]
+
+ACTIVE = "active"
+COLD = "cold"
+ARCHIVED = "archived"
+GHOST = "ghost"
+MERGED = "merged"
+DELETED = "deleted"
+
+
+@dataclass
+class MemoryRecord:
+    """One memory: what was stored, and the state its heat is computed from."""
+
+    id: str
+    channel: str
+    text: str
+    memory_type: str
+    created_at: float
+    updated_at: float
+    heat0: float
+    t0: float
+    stability: float = 1.0
+    importance: float = 0.5
+    utility: float = 0.5
+    recall_count: int = 0
+    last_recalled_at: float | None = None
+    keystone: bool = False
+    state: str = ACTIVE
+    tags: dict[str, str] = field(default_factory=dict)
+    entities: list[str] = field(default_factory=list)
+    source: str = "agent"
+    confidence: str = "observed"
+    provenance: dict[str, str] = field(default_factory=dict)
+    merged_into: str = ""
+    merged_from: list[str] = field(default_factory=list)
+    idempotency_key: str = ""
+    interactions0: int = 0
+
+    def to_json(self) -> bytes:
+        """The record as compact UTF-8 JSON."""
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> MemoryRecord:
+        """A record from :meth:`to_json` output; unknown keys from newer versions are ignored."""
+        raw: dict[str, Any] = json.loads(data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})

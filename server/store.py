@@ -1,0 +1,162 @@
+"""RocksDB, the source of truth: key schema, atomic write batches, and recovery reads.
+
+Key schema (raw bytes; channel names never hold NUL):
+
+    meta:schema                 JSON {schema_version, model_id, dim}
+    m:<channel>\\0<id>           MemoryRecord JSON
+    v:<channel>\\0<id>           float32 embedding, little-endian
+    i:<channel>\\0<key>          id stored under an idempotency key
+
+Every change goes through :meth:`MemoryStore.batch`, one atomic RocksDB write batch
+that is discarded if anything inside the block raises. With ``sync`` on, the
+write-ahead log is fsynced before the batch is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import rocksdict
+from calor.server.errors import StoreMismatchError, UnavailableError
+from calor.server.records import MemoryRecord
+
+__all__ = ["SCHEMA_VERSION", "MemoryStore", "WriteBatch"]
+
+SCHEMA_VERSION = 1
+_META = b"meta:schema"
+_SEP = b"\x00"
+
+
+def _key(prefix: bytes, channel: str, name: str) -> bytes:
+    return prefix + channel.encode() + _SEP + name.encode()
+
+
+class WriteBatch:
+    """Changes gathered for one atomic write; build it with :meth:`MemoryStore.batch`."""
+
+    def __init__(self) -> None:
+        self._batch = rocksdict.WriteBatch(raw_mode=True)
+        self.records: list[MemoryRecord] = []
+
+    def put_record(self, record: MemoryRecord) -> None:
+        """Write (or overwrite) a memory record."""
+        self._batch.put(_key(b"m:", record.channel, record.id), record.to_json())
+        self.records.append(record)
+
+    def put_vector(self, channel: str, memory_id: str, vector: np.ndarray) -> None:
+        """Write a memory's embedding."""
+        data = np.ascontiguousarray(vector, dtype="<f4").tobytes()
+        self._batch.put(_key(b"v:", channel, memory_id), data)
+
+    def delete_vector(self, channel: str, memory_id: str) -> None:
+        """Drop a memory's embedding."""
+        self._batch.delete(_key(b"v:", channel, memory_id))
+
+    def put_idempotency(self, channel: str, key: str, memory_id: str) -> None:
+        """Remember which memory a store with this idempotency key made."""
+        self._batch.put(_key(b"i:", channel, key), memory_id.encode())
+
+
+class MemoryStore:
+    """The RocksDB store of every channel's memories and embeddings."""
+
+    def __init__(self, db: rocksdict.Rdict, path: Path, dim: int, sync: bool) -> None:
+        self._db = db
+        self.path = path
+        self.dim = dim
+        self._write_options = rocksdict.WriteOptions()
+        self._write_options.sync = sync
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path, *, model_id: str, dim: int, sync: bool = True) -> MemoryStore:
+        """Open (or create) the store at ``path`` for embeddings of ``model_id``.
+
+        Raises:
+            StoreMismatchError: the store was written by another schema or model.
+        """
+        path.mkdir(parents=True, exist_ok=True)
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        db = rocksdict.Rdict(str(path / "rocksdb"), options)
+        expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
+        found = db.get(_META)
+        if found is None:
+            write_options = rocksdict.WriteOptions()
+            write_options.sync = True
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            batch.put(_META, json.dumps(expected).encode())
+            db.write(batch, write_options)
+        else:
+            meta = json.loads(found)
+            if meta != expected:
+                db.close()
+                raise StoreMismatchError(
+                    f"the store at {path} was made with {meta}, this server runs {expected}; "
+                    "point --data-dir elsewhere or re-import the memories"
+                )
+        return cls(db, path, dim, sync)
+
+    @contextmanager
+    def batch(self) -> Iterator[WriteBatch]:
+        """Gather changes and write them atomically when the block ends without error."""
+        batch = WriteBatch()
+        yield batch
+        self._check_open()
+        self._db.write(batch._batch, self._write_options)
+
+    def get(self, channel: str, memory_id: str) -> MemoryRecord | None:
+        """The record of one memory, or None."""
+        self._check_open()
+        data = self._db.get(_key(b"m:", channel, memory_id))
+        return None if data is None else MemoryRecord.from_json(data)
+
+    def get_vector(self, channel: str, memory_id: str) -> np.ndarray | None:
+        """The embedding of one memory, or None."""
+        self._check_open()
+        data = self._db.get(_key(b"v:", channel, memory_id))
+        return None if data is None else np.frombuffer(data, dtype="<f4").astype(np.float32)
+
+    def idempotent_id(self, channel: str, key: str) -> str | None:
+        """The id a store with this idempotency key made in this channel, if any."""
+        self._check_open()
+        data = self._db.get(_key(b"i:", channel, key))
+        return None if data is None else bytes(data).decode()
+
+    def records(self, channel: str | None = None) -> Iterator[MemoryRecord]:
+        """Every record, of one channel or of all, in key order."""
+        prefix = b"m:" if channel is None else b"m:" + channel.encode() + _SEP
+        for _, value in self._scan(prefix):
+            yield MemoryRecord.from_json(value)
+
+    def vectors(self) -> Iterator[tuple[str, str, np.ndarray]]:
+        """Every stored embedding as (channel, id, vector)."""
+        for key, value in self._scan(b"v:"):
+            channel, _, memory_id = key[2:].partition(_SEP)
+            yield channel.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._check_open()
+        for key, value in self._db.items(from_key=prefix):
+            raw_key = cast(bytes, key)
+            if not raw_key.startswith(prefix):
+                break
+            yield raw_key, cast(bytes, value)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UnavailableError("the store is closed: the server is shutting down")
+
+    def close(self) -> None:
+        """Flush and close RocksDB; later calls raise UnavailableError."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()

@@ -1,0 +1,304 @@
+"""Turn API requests into validated commands; bad input raises InvalidArgumentError.
+
+Nothing here touches storage, so a rejected request changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+from collections.abc import Iterable, Mapping
+
+from calor.server.clock import Clock
+from calor.server.commands import ListQuery, NewMemory, RecallQuery, TagFilter, UpdateChange
+from calor.server.config import Limits
+from calor.server.errors import InvalidArgumentError
+from calor.server.ids import is_valid_id
+from calor.v1 import memory_pb2, memory_service_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
+
+__all__ = [
+    "Validator",
+    "decode_page_token",
+    "encode_page_token",
+    "state_name",
+    "type_name",
+]
+
+_CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
+_MIN_TS = -62_135_596_800  # 0001-01-01
+_MAX_TS = 253_402_300_799  # 9999-12-31
+
+
+def type_name(value: int) -> str:
+    """``MEMORY_TYPE_FACT`` → ``fact``."""
+    return memory_pb2.MemoryType.Name(value).removeprefix("MEMORY_TYPE_").lower()  # type: ignore[arg-type]
+
+
+def state_name(value: int) -> str:
+    """``MEMORY_STATE_COLD`` → ``cold``."""
+    return memory_pb2.MemoryState.Name(value).removeprefix("MEMORY_STATE_").lower()  # type: ignore[arg-type]
+
+
+def _enum_name(enum: object, value: int, field: str, prefix: str) -> str:
+    try:
+        name: str = enum.Name(value)  # type: ignore[attr-defined]
+    except ValueError:
+        raise InvalidArgumentError(f"{field}: unknown value {value}") from None
+    return name.removeprefix(prefix).lower()
+
+
+def encode_page_token(last_id: str) -> str:
+    """An opaque token that resumes a listing after ``last_id``."""
+    return base64.urlsafe_b64encode(last_id.encode()).decode()
+
+
+def decode_page_token(token: str) -> str:
+    """The id a page token resumes after; INVALID_ARGUMENT if it is not one of ours."""
+    if not token:
+        return ""
+    try:
+        last_id = base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidArgumentError("page_token: not a token this server issued") from None
+    if not is_valid_id(last_id):
+        raise InvalidArgumentError("page_token: not a token this server issued")
+    return last_id
+
+
+class Validator:
+    """Checks requests against the server's limits and builds commands from them."""
+
+    def __init__(self, limits: Limits, clock: Clock) -> None:
+        self.limits = limits
+        self._clock = clock
+
+    def channel(self, value: str, field: str = "channel") -> str:
+        """A channel name: 1..128 characters of letters, digits and ``._:@/+-``."""
+        if not value:
+            raise InvalidArgumentError(f"{field}: a channel name is required")
+        if len(value) > self.limits.max_channel_chars or not _CHANNEL_RE.match(value):
+            raise InvalidArgumentError(
+                f"{field}: {value[:40]!r} is not a channel name (1-{self.limits.max_channel_chars}"
+                " letters, digits or ._:@/+-, starting with a letter or digit)"
+            )
+        return value
+
+    def memory_id(self, value: str, field: str = "id") -> str:
+        """A memory id as the server hands them out."""
+        if not value:
+            raise InvalidArgumentError(f"{field}: a memory id is required")
+        if not is_valid_id(value):
+            raise InvalidArgumentError(f"{field}: {value[:40]!r} is not a memory id")
+        return value
+
+    def text(self, value: str, field: str = "text") -> str:
+        """Non-blank text of at most ``max_text_bytes`` UTF-8 bytes."""
+        if not value.strip():
+            raise InvalidArgumentError(f"{field}: must not be empty")
+        size = len(value.encode())
+        if size > self.limits.max_text_bytes:
+            raise InvalidArgumentError(
+                f"{field}: {size} bytes is over the limit of {self.limits.max_text_bytes}"
+            )
+        return value
+
+    def unit(self, value: float, field: str) -> float:
+        """A finite number in [0, 1]."""
+        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise InvalidArgumentError(f"{field}: {value} is not a number in [0, 1]")
+        return value
+
+    def memory_type(self, value: int, field: str = "memory_type") -> str | None:
+        """A memory type name, or None for MEMORY_TYPE_UNSPECIFIED."""
+        if value == memory_pb2.MEMORY_TYPE_UNSPECIFIED:
+            _enum_name(memory_pb2.MemoryType, value, field, "MEMORY_TYPE_")
+            return None
+        return _enum_name(memory_pb2.MemoryType, value, field, "MEMORY_TYPE_")
+
+    def memory_types(self, values: Iterable[int]) -> frozenset[str]:
+        """A set of memory types to filter by; UNSPECIFIED is not one."""
+        names = set()
+        for value in values:
+            name = self.memory_type(value, "memory_types")
+            if name is None:
+                raise InvalidArgumentError("memory_types: MEMORY_TYPE_UNSPECIFIED is not a type")
+            names.add(name)
+        return frozenset(names)
+
+    def states(self, values: Iterable[int]) -> frozenset[str]:
+        """A set of states to filter by."""
+        names = set()
+        for value in values:
+            name = _enum_name(memory_pb2.MemoryState, value, "states", "MEMORY_STATE_")
+            if name == "unspecified":
+                raise InvalidArgumentError("states: MEMORY_STATE_UNSPECIFIED is not a state")
+            names.add(name)
+        return frozenset(names)
+
+    def tags(self, values: Mapping[str, str], field: str = "tags") -> dict[str, str]:
+        """At most ``max_tags`` non-empty keys; keys and values within ``max_tag_bytes``."""
+        if len(values) > self.limits.max_tags:
+            raise InvalidArgumentError(
+                f"{field}: {len(values)} entries is over the limit of {self.limits.max_tags}"
+            )
+        for key, value in values.items():
+            if not key.strip():
+                raise InvalidArgumentError(f"{field}: keys must not be empty")
+            if max(len(key.encode()), len(value.encode())) > self.limits.max_tag_bytes:
+                raise InvalidArgumentError(
+                    f"{field}: {key[:40]!r} is over {self.limits.max_tag_bytes} bytes"
+                )
+        return dict(values)
+
+    def tag_filter(self, values: Mapping[str, str]) -> TagFilter:
+        """Tags a memory must all carry to match."""
+        return tuple(sorted(self.tags(values).items()))
+
+    def timestamp(self, value: Timestamp, field: str) -> float:
+        """Seconds since the epoch from a Timestamp within years 1..9999."""
+        if not _MIN_TS <= value.seconds <= _MAX_TS or not 0 <= value.nanos < 1_000_000_000:
+            raise InvalidArgumentError(f"{field}: not a valid timestamp")
+        return value.seconds + value.nanos / 1e9
+
+    def store(self, request: memory_service_pb2.StoreRequest) -> NewMemory:
+        """A store request as a command."""
+        importance = None
+        if request.HasField("importance"):
+            importance = self.unit(request.importance, "importance")
+        created_at = None
+        if request.HasField("created_at"):
+            created_at = self.timestamp(request.created_at, "created_at")
+            now = self._clock.now()
+            if created_at > now + self.limits.max_future_skew_seconds:
+                raise InvalidArgumentError("created_at: must not be in the future")
+        key = request.idempotency_key
+        if len(key.encode()) > self.limits.max_idempotency_key_bytes:
+            raise InvalidArgumentError(
+                f"idempotency_key: over {self.limits.max_idempotency_key_bytes} bytes"
+            )
+        source = _enum_name(memory_pb2.Source, request.source, "source", "SOURCE_")
+        confidence = _enum_name(
+            memory_pb2.Confidence, request.confidence, "confidence", "CONFIDENCE_"
+        )
+        return NewMemory(
+            channel=self.channel(request.channel),
+            text=self.text(request.text),
+            memory_type=self.memory_type(request.memory_type),
+            importance=importance,
+            keystone=request.keystone,
+            tags=self.tags(request.tags),
+            source="agent" if source == "unspecified" else source,
+            confidence="observed" if confidence == "unspecified" else confidence,
+            idempotency_key=key,
+            created_at=created_at,
+            provenance=self.tags(request.provenance, "provenance"),
+        )
+
+    def limit(self, value: int, field: str, default: int, cap: int) -> int:
+        """A count in 1..cap; 0 means ``default``."""
+        if value < 0 or value > cap:
+            raise InvalidArgumentError(f"{field}: {value} is outside 0..{cap}")
+        return value or default
+
+    def recall(self, request: memory_service_pb2.RecallRequest) -> RecallQuery:
+        """A recall request as a command."""
+        channel = self.channel(request.channel)
+        extra = tuple(
+            dict.fromkeys(self.channel(c, "channels") for c in request.channels if c != channel)
+        )
+        time_from = (
+            self.timestamp(request.time_from, "time_from")
+            if request.HasField("time_from")
+            else None
+        )
+        time_to = (
+            self.timestamp(request.time_to, "time_to") if request.HasField("time_to") else None
+        )
+        if time_from is not None and time_to is not None and time_from > time_to:
+            raise InvalidArgumentError("time_from: must not be after time_to")
+        return RecallQuery(
+            channel=channel,
+            query=self.text(request.query, "query"),
+            limit=self.limit(
+                request.limit, "limit", self.limits.default_limit, self.limits.max_limit
+            ),
+            channels=extra,
+            memory_types=self.memory_types(request.memory_types),
+            states=self.states(request.states),
+            tags=self.tag_filter(request.tags),
+            time_from=time_from,
+            time_to=time_to,
+            min_heat=self.unit(request.min_heat, "min_heat"),
+            peek=request.peek,
+            include_archived=request.include_archived,
+            as_of=self.timestamp(request.as_of, "as_of") if request.HasField("as_of") else None,
+        )
+
+    def list_query(self, request: memory_service_pb2.ListMemoriesRequest) -> ListQuery:
+        """A listing request as a command."""
+        return ListQuery(
+            channel=self.channel(request.channel),
+            page_size=self.limit(
+                request.page_size,
+                "page_size",
+                self.limits.default_page_size,
+                self.limits.max_page_size,
+            ),
+            after_id=decode_page_token(request.page_token),
+            memory_types=self.memory_types(request.memory_types),
+            states=self.states(request.states),
+            tags=self.tag_filter(request.tags),
+            time_from=(
+                self.timestamp(request.time_from, "time_from")
+                if request.HasField("time_from")
+                else None
+            ),
+            time_to=(
+                self.timestamp(request.time_to, "time_to") if request.HasField("time_to") else None
+            ),
+        )
+
+    def update(self, request: memory_service_pb2.UpdateRequest) -> UpdateChange:
+        """An update request as a command; ``update_mask`` names the fields to apply."""
+        allowed = {"text", "memory_type", "tags", "importance"}
+        paths = set(request.update_mask.paths)
+        unknown = paths - allowed
+        if unknown:
+            raise InvalidArgumentError(
+                f"update_mask: unknown field(s) {sorted(unknown)}; use {sorted(allowed)}"
+            )
+        if not paths:
+            paths = {p for p in ("text", "importance") if request.HasField(p)}
+            if request.memory_type:
+                paths.add("memory_type")
+            if request.tags:
+                paths.add("tags")
+        if not paths and not request.supersedes:
+            raise InvalidArgumentError("update: nothing to change")
+        memory_type = None
+        if "memory_type" in paths:
+            memory_type = self.memory_type(request.memory_type)
+            if memory_type is None:
+                raise InvalidArgumentError("memory_type: give the type to change to")
+        return UpdateChange(
+            channel=self.channel(request.channel),
+            memory_id=self.memory_id(request.id),
+            text=self.text(request.text) if "text" in paths else None,
+            memory_type=memory_type,
+            tags=self.tags(request.tags) if "tags" in paths else None,
+            importance=self.unit(request.importance, "importance")
+            if "importance" in paths
+            else None,
+            supersedes=self.memory_id(request.supersedes, "supersedes")
+            if request.supersedes
+            else "",
+        )
+
+    def delta(self, value: float) -> float:
+        """A heat delta in [-1, 1]."""
+        if not math.isfinite(value) or not -1.0 <= value <= 1.0:
+            raise InvalidArgumentError(f"delta: {value} is not a number in [-1, 1]")
+        return value
