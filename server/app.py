@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,11 +40,13 @@ class CalorServer:
 
     Build it, ``await start()`` (binds and returns the port at once), then
     ``await ready()`` or watch health; ``await stop()`` drains and closes.
+    ``embedder_factory`` replaces loading the model from ``config.model_dir``
+    (tests share one loaded model across servers).
     """
 
     config: ServerConfig
     clock: Clock = field(default_factory=SystemClock)
-    embedder: Embedder | None = None
+    embedder_factory: Callable[[], Embedder] | None = None
     runtime: Runtime = field(init=False)
     port: int = field(init=False, default=0)
 
@@ -87,12 +90,8 @@ class CalorServer:
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
-        embedder = self.embedder
-        if embedder is None:
-            embedder = await loop.run_in_executor(
-                None,
-                lambda: OnnxEmbedder.load(self.config.model_dir, threads=self.config.model_threads),
-            )
+        factory = self.embedder_factory or self._load_model
+        embedder = await loop.run_in_executor(None, factory)
         store = await loop.run_in_executor(
             None,
             lambda: MemoryStore.open(
@@ -112,6 +111,9 @@ class CalorServer:
         log.info(
             "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir
         )
+
+    def _load_model(self) -> Embedder:
+        return OnnxEmbedder.load(self.config.model_dir, threads=self.config.model_threads)
 
     async def ready(self) -> None:
         """Wait until loading is done; re-raises what made loading fail."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections import Counter
@@ -173,6 +174,17 @@ class LexicalIndex:
             if not postings:
                 del self._postings[term]
 
+    def overlap(self, query_terms: Sequence[str], doc_id: int) -> float:
+        """The fraction of distinct query terms the document holds (0 if it is not indexed).
+
+        The same measure as :func:`keyword_overlap`, read from the index instead of
+        re-tokenizing the text.
+        """
+        wanted = set(query_terms)
+        if not wanted:
+            return 0.0
+        return len(wanted.intersection(self._doc_terms.get(doc_id, ()))) / len(wanted)
+
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Find the documents that best match a query.
 
@@ -263,10 +275,10 @@ class LexicalIndex:
 def _top(scores: dict[int, float], k: int) -> list[tuple[int, float]]:
     """The k best positive scores, best first, equal scores by ascending id."""
     if len(scores) > k:
-        # Find the k-th best score by sorting bare floats (C speed, no key function),
-        # then order only the documents at or above it; ">=" keeps every tie at the
-        # cut, so ids decide which of them make it.
-        cut = sorted(scores.values(), reverse=True)[k - 1]
+        # Find the k-th best score over bare floats (no key function, about three
+        # times cheaper than ranking the pairs), then order only the documents at or
+        # above it; ">=" keeps every tie at the cut, so ids decide which make it.
+        cut = heapq.nlargest(k, scores.values())[-1]
         best = [(doc_id, score) for doc_id, score in scores.items() if score >= cut]
     else:
         best = list(scores.items())

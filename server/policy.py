@@ -29,6 +29,7 @@ class ChannelPolicy:
     weights: RecallWeights = field(default_factory=RecallWeights)
     boost_delta: float = 0.15
     cold_threshold: float = 0.10
+    cold_migration_days: float = 7.0
     default_importance: float = 0.5
 
     def profile(self, memory_type: str) -> TypeProfile:

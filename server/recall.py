@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import numpy as np
 from calor.server.commands import RecallQuery
 from calor.server.index import ChannelIndex
-from calor.server.lexical import keyword_overlap, tokenize
+from calor.server.lexical import tokenize
 from calor.server.lifecycle import current_heat, current_state
 from calor.server.policy import ChannelPolicy
 from calor.server.records import ACTIVE, COLD, MemoryRecord
@@ -114,7 +114,7 @@ def rank_channel(
         state = current_state(record, policy, now)
         if state not in _SEARCHABLE or not _passes(record, state, heat, query):
             continue
-        keyword = keyword_overlap(terms, record.text)
+        keyword = index.lexical.overlap(terms, label)
         boost = 0.0
         if window is not None:
             boost = temporal_boost(

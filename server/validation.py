@@ -27,7 +27,7 @@ __all__ = [
     "type_name",
 ]
 
-_CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
+_CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]*$")
 _MIN_TS = -62_135_596_800  # 0001-01-01
 _MAX_TS = 253_402_300_799  # 9999-12-31
 
@@ -76,13 +76,13 @@ class Validator:
         self._clock = clock
 
     def channel(self, value: str, field: str = "channel") -> str:
-        """A channel name: 1..128 characters of letters, digits and ``._:@/+-``."""
+        """A channel name: 1..128 characters of letters, digits and ``_.:@/+-``."""
         if not value:
             raise InvalidArgumentError(f"{field}: a channel name is required")
         if len(value) > self.limits.max_channel_chars or not _CHANNEL_RE.match(value):
             raise InvalidArgumentError(
                 f"{field}: {value[:40]!r} is not a channel name (1-{self.limits.max_channel_chars}"
-                " letters, digits or ._:@/+-, starting with a letter or digit)"
+                " letters, digits or _.:@/+-, starting with a letter or digit)"
             )
         return value
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -28,7 +29,7 @@ class ServerThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        self.server = CalorServer(config, clock=clock, embedder=embedder)
+        self.server = CalorServer(config, clock=clock, embedder_factory=lambda: embedder)
         self.port = self.call(self.server.start())
         self.call(self.server.ready())
         self.target = f"127.0.0.1:{self.port}"
@@ -86,7 +87,8 @@ def calor_target(calor_server: ServerThread) -> str:
 @pytest.fixture
 def channel_name(request: pytest.FixtureRequest) -> str:
     """A channel no other test uses."""
-    return f"t{next(_counter)}-{request.node.name[:60]}".replace("[", "-").replace("]", "")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:60]
+    return f"t{next(_counter)}-{name}"
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,45 @@
+"""Small builders shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from calor.v1 import memory_pb2
+from calor.v1 import memory_service_pb2 as pb
+from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
+
+EPISODIC = memory_pb2.MEMORY_TYPE_EPISODIC
+FACT = memory_pb2.MEMORY_TYPE_FACT
+CORE = memory_pb2.MEMORY_TYPE_CORE
+SEMANTIC = memory_pb2.MEMORY_TYPE_SEMANTIC
+DAY = 86_400.0
+
+
+def ts(when: float | datetime) -> Timestamp:
+    """A Timestamp from epoch seconds or an aware datetime."""
+    stamp = Timestamp()
+    seconds = when.timestamp() if isinstance(when, datetime) else when
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+def utc(text: str) -> datetime:
+    """An aware UTC datetime from ISO text."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def store(stub: MemoryServiceStub, channel: str, text: str, **fields: object) -> memory_pb2.Memory:
+    """Store one memory and return it."""
+    return stub.Store(pb.StoreRequest(channel=channel, text=text, **fields)).memory  # type: ignore[arg-type]
+
+
+def total(stub: MemoryServiceStub, channel: str) -> int:
+    """How many live memories a channel holds."""
+    return stub.Identity(pb.IdentityRequest(channel=channel)).total
+
+
+def texts(response: pb.RecallResponse) -> list[str]:
+    """The texts of the hits, best first."""
+    return [hit.memory.text for hit in response.hits]

@@ -1,0 +1,215 @@
+"""Tests for the tokenizer, the BM25 lexical index and keyword overlap."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from calor.server import lexical
+from calor.server.errors import InvalidArgumentError
+from calor.server.lexical import LexicalIndex, keyword_overlap, tokenize
+
+
+def _index(*texts: str) -> LexicalIndex:
+    index = LexicalIndex()
+    for doc_id, text in enumerate(texts, start=1):
+        index.add(doc_id, text)
+    return index
+
+
+def test_public_surface() -> None:
+    assert lexical.__all__ == sorted(lexical.__all__)
+    assert lexical.__all__ == ["LexicalIndex", "keyword_overlap", "tokenize"]
+
+
+def test_tokenize_lowercases_drops_stopwords_and_apostrophes() -> None:
+    assert tokenize("The Server's config is in /etc/calor.toml") == [
+        "server",
+        "config",
+        "etc",
+        "calor",
+        "toml",
+    ]
+    # "on" is a stopword; "_" separates like punctuation.
+    assert tokenize("Don't deploy v1.5 on_friday") == ["dont", "deploy", "v1", "5", "friday"]
+    assert tokenize("") == []
+    assert tokenize("the and of it") == []
+
+
+def test_tokenize_keeps_letters_of_any_script() -> None:
+    assert tokenize("Café Zürich мост") == ["café", "zürich", "мост"]
+
+
+@pytest.mark.parametrize(
+    ("word", "stem"),
+    [
+        ("deploys", "deploy"),
+        ("deployed", "deploy"),
+        ("deploying", "deploy"),
+        ("meetings", "meet"),
+        ("policies", "policy"),
+        ("classes", "class"),
+        ("stopped", "stop"),
+        ("calling", "call"),
+        ("status", "status"),
+        ("analysis", "analysis"),
+        ("class", "class"),
+        ("string", "string"),
+        ("thing", "thing"),
+        ("speed", "speed"),
+        ("used", "used"),
+        ("bus", "bus"),
+        ("v2", "v2"),
+    ],
+)
+def test_stemming_is_light(word: str, stem: str) -> None:
+    assert tokenize(word) == [stem]
+
+
+def test_rare_terms_rank_first() -> None:
+    index = _index(
+        "the server restarted after the deploy",
+        "the server was slow during the deploy",
+        "kubernetes ingress certificate expired on the server",
+        "lunch with the team",
+    )
+    results = index.search("server certificate expired", k=10)
+    assert results[0][0] == 3
+    assert {doc_id for doc_id, _ in results} == {1, 2, 3}
+    assert all(score > 0 for _, score in results)
+    scores = [score for _, score in results]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_scores_match_the_bm25_formula() -> None:
+    index = _index("alpha beta", "beta gamma gamma", "delta")
+    n_docs, avg_len = 3, 6 / 3
+
+    def part(tf: int, doc_len: int, doc_freq: int) -> float:
+        idf = math.log(1 + (n_docs - doc_freq + 0.5) / (doc_freq + 0.5))
+        return idf * tf * 2.2 / (tf + 1.2 * (1 - 0.75 + 0.75 * doc_len / avg_len))
+
+    results = dict(index.search("gamma beta", k=10))
+    assert results[2] == pytest.approx(part(2, 3, 1) + part(1, 3, 2))
+    assert results[1] == pytest.approx(part(1, 2, 2))
+    assert 3 not in results
+
+
+def test_k_limits_and_validates() -> None:
+    index = _index("deploy one", "deploy two", "deploy three")
+    assert len(index.search("deploy", k=2)) == 2
+    assert index.search("deploy", k=0) == []
+    with pytest.raises(InvalidArgumentError):
+        index.search("deploy", k=-1)
+
+
+def test_no_match_and_empty_index() -> None:
+    assert LexicalIndex().search("anything", k=5) == []
+    index = _index("deploy the server")
+    assert index.search("lunch", k=5) == []
+    assert index.search("the of and", k=5) == []
+
+
+def test_ties_break_by_ascending_id() -> None:
+    index = LexicalIndex()
+    for doc_id in (30, 10, 20):
+        index.add(doc_id, "release notes")
+    results = index.search("release", k=3)
+    assert [doc_id for doc_id, _ in results] == [10, 20, 30]
+    assert results[0][1] == results[1][1] == results[2][1]
+    assert [doc_id for doc_id, _ in index.search("release", k=2)] == [10, 20]
+
+
+def test_remove() -> None:
+    index = _index("deploy the server", "restart the server")
+    index.remove(1)
+    assert 1 not in index
+    assert len(index) == 1
+    assert index.search("deploy", k=5) == []
+    assert [doc_id for doc_id, _ in index.search("server", k=5)] == [2]
+    index.remove(1)  # already gone: ignored
+    index.remove(99)
+    index.remove(2)
+    assert len(index) == 0
+    assert index.search("server", k=5) == []
+
+
+def test_remove_restores_scores() -> None:
+    index = _index("alpha beta", "beta gamma")
+    before = index.search("beta", k=5)
+    index.add(3, "beta beta beta delta epsilon")
+    index.remove(3)
+    assert index.search("beta", k=5) == before
+
+
+def test_add_replaces_existing_text() -> None:
+    index = _index("deploy the server", "restart the server")
+    index.add(1, "lunch with the team")
+    assert len(index) == 2
+    assert 1 in index
+    assert index.search("deploy", k=5) == []
+    assert [doc_id for doc_id, _ in index.search("lunch", k=5)] == [1]
+    fresh = _index("lunch with the team", "restart the server")
+    assert index.search("team server", k=5) == fresh.search("team server", k=5)
+
+
+def test_stopwords_are_ignored() -> None:
+    index = _index("the and of it", "deploy server")
+    assert index.search("the deploy", k=5) == index.search("deploy", k=5)
+    assert 1 in index
+
+
+def test_stemming_matches_inflections() -> None:
+    index = _index("Deploys go out on Friday", "we are deploying the server", "lunch")
+    found = {doc_id for doc_id, _ in index.search("deploy", k=5)}
+    assert found == {1, 2}
+    # Same term frequency, so the shorter memory (two terms against four) ranks first.
+    assert [doc_id for doc_id, _ in index.search("deployed", k=5)] == [2, 1]
+
+
+def test_repeated_query_terms_count_once() -> None:
+    index = _index("deploy server", "server logs")
+    assert index.search("deploy deploy deploy", k=5) == index.search("deploy", k=5)
+
+
+def test_score_docs_agrees_with_search() -> None:
+    index = _index("deploy the server", "restart the server", "lunch", "server server deploy")
+    searched = dict(index.search("deploy server", k=10))
+    scored = index.score_docs("deploy server", [4, 1, 3, 99])
+    assert list(scored) == [4, 1, 3, 99]
+    assert scored[4] == pytest.approx(searched[4])
+    assert scored[1] == pytest.approx(searched[1])
+    assert scored[3] == 0.0
+    assert scored[99] == 0.0
+    assert LexicalIndex().score_docs("deploy", [1]) == {1: 0.0}
+
+
+@pytest.mark.parametrize(
+    ("query", "text", "expected"),
+    [
+        ("deploy server", "We deployed the server on Friday", 1.0),
+        ("deploy server friday lunch", "We deployed the server on Friday", 0.75),
+        ("deploy server", "lunch with the team", 0.0),
+        ("deploy deploy server", "deploys", 0.5),
+        ("the of", "the of", 0.0),
+        ("deploy", "", 0.0),
+    ],
+)
+def test_keyword_overlap(query: str, text: str, expected: float) -> None:
+    assert keyword_overlap(tokenize(query), text) == pytest.approx(expected)
+
+
+def test_keyword_overlap_without_terms() -> None:
+    assert keyword_overlap([], "anything at all") == 0.0
+
+
+def test_overlap_reads_the_index_like_keyword_overlap() -> None:
+    index = LexicalIndex()
+    index.add(1, "The nightly build failed with error code E4021.")
+    terms = tokenize("error E4021 in the build pipeline")
+    assert index.overlap(terms, 1) == keyword_overlap(
+        terms, "The nightly build failed with error code E4021."
+    )
+    assert index.overlap(terms, 1) == 0.75
+    assert index.overlap(terms, 2) == 0.0
+    assert index.overlap([], 1) == 0.0
