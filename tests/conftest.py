@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from calor.models.embedder import OnnxEmbedder
+from calor.models.embedder import Embedder, OnnxEmbedder
 from calor.server.app import CalorServer
 from calor.server.clock import Clock, ManualClock, SystemClock
 from calor.server.config import ServerConfig
@@ -25,13 +25,20 @@ _counter = itertools.count()
 class ServerThread:
     """A CalorServer running on its own event loop in a background thread."""
 
-    def __init__(self, config: ServerConfig, clock: Clock, embedder: OnnxEmbedder) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        clock: Clock,
+        embedder_factory: Callable[[], Embedder],
+        wait_ready: bool = True,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        self.server = CalorServer(config, clock=clock, embedder_factory=lambda: embedder)
+        self.server = CalorServer(config, clock=clock, embedder_factory=embedder_factory)
         self.port = self.call(self.server.start())
-        self.call(self.server.ready())
+        if wait_ready:
+            self.call(self.server.ready())
         self.target = f"127.0.0.1:{self.port}"
 
     def call(self, coro: Any) -> Any:
@@ -63,7 +70,7 @@ def start_server(
     ) -> ServerThread:
         folder = data_dir or tmp_path_factory.mktemp("calor-data")
         config = ServerConfig(data_dir=folder, host="127.0.0.1", port=0, **options)
-        server = ServerThread(config, clock or SystemClock(), embedder)
+        server = ServerThread(config, clock or SystemClock(), lambda: embedder)
         started.append(server)
         return server
 

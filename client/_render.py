@@ -1,0 +1,146 @@
+"""How the CLI shows results: short lines for a person, one JSON document for a machine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC
+
+from calor.client._convert import short_name, state_name, type_name
+from calor.v1 import memory_pb2, memory_service_pb2
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+__all__ = [
+    "identity",
+    "inspected",
+    "listed",
+    "memory_line",
+    "recalled",
+    "stored",
+    "to_json",
+]
+
+
+def to_json(message: Message) -> str:
+    """A message as indented JSON, every field present, proto field names kept."""
+    document = MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+    return json.dumps(document, indent=2, ensure_ascii=False)
+
+
+def _one_line(text: str) -> str:
+    """Text with its runs of whitespace, newlines included, folded to single spaces."""
+    return " ".join(text.split())
+
+
+def _when(stamp: Timestamp) -> str:
+    """A timestamp as ISO 8601 in UTC to the second; ``-`` when unset."""
+    if not stamp.seconds and not stamp.nanos:
+        return "-"
+    return stamp.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds")
+
+
+def _pairs(mapping: Mapping[str, object], prefix: str = "") -> str:
+    """``k=v, k2=v2`` in key order, enum-name keys shortened; ``-`` when empty."""
+    if not mapping:
+        return "-"
+    return ", ".join(
+        f"{key.removeprefix(prefix).lower() if prefix else key}={value}"
+        for key, value in sorted(mapping.items())
+    )
+
+
+def memory_line(memory: memory_pb2.Memory) -> str:
+    """``ID (type, heat 0.94)``: how a memory is named in one line."""
+    pin = ", keystone" if memory.keystone else ""
+    return f"{memory.id} ({type_name(memory.memory_type)}, heat {memory.heat:.2f}{pin})"
+
+
+def stored(memory: memory_pb2.Memory) -> str:
+    """What ``calor store`` says: the new id, its type and heat."""
+    return f"stored {memory_line(memory)}"
+
+
+def recalled(response: memory_service_pb2.RecallResponse) -> str:
+    """One numbered line per hit, best first: score, band, id, type, heat and text."""
+    lines = []
+    window = response.temporal_window
+    if window.phrase or window.start.seconds or window.end.seconds:
+        phrase = f'"{window.phrase}" ' if window.phrase else ""
+        lines.append(f"time window {phrase}{_when(window.start)} .. {_when(window.end)}")
+    for rank, hit in enumerate(response.hits, start=1):
+        lines.append(
+            f"{rank}. [{hit.score:.2f} {hit.band}] {memory_line(hit.memory)}  "
+            f"{_one_line(hit.memory.text)}"
+        )
+    return "\n".join(lines) if response.hits else "\n".join([*lines, "no memories found"])
+
+
+def inspected(response: memory_service_pb2.InspectResponse) -> str:
+    """Every field of one memory worth reading, one per line, then its edges."""
+    m = response.memory
+    rows = [
+        ("id", m.id),
+        ("text", m.text),
+        ("type", type_name(m.memory_type)),
+        ("state", state_name(m.state)),
+        ("heat", f"{m.heat:.3f}{'  (keystone)' if m.keystone else ''}"),
+        ("stability", f"{m.stability:.2f}"),
+        ("importance", f"{m.importance:.2f}"),
+        ("utility", f"{m.utility:.2f}"),
+        ("recalled", f"{m.recall_count} times, last {_when(m.last_recalled_at)}"),
+        ("created", _when(m.created_at)),
+        ("updated", _when(m.updated_at)),
+        ("tags", _pairs(m.tags)),
+        ("entities", ", ".join(m.entities) or "-"),
+        ("source", short_name(memory_pb2.Source, "SOURCE_", m.source)),
+        ("confidence", short_name(memory_pb2.Confidence, "CONFIDENCE_", m.confidence)),
+    ]
+    if m.merged_into:
+        rows.append(("merged into", m.merged_into))
+    if m.merged_from:
+        rows.append(("merged from", ", ".join(m.merged_from)))
+    lines = [f"{label:<12}{value}" for label, value in rows]
+    if response.edges:
+        lines.append("edges")
+        for edge in response.edges:
+            kind = short_name(memory_pb2.EdgeKind, "EDGE_KIND_", edge.kind)
+            other = edge.to_id if edge.from_id == m.id else edge.from_id
+            lines.append(f"  {kind:<10}{edge.weight:.2f}  {other}")
+    return "\n".join(lines)
+
+
+def listed(memories: list[memory_pb2.Memory], next_page_token: str = "") -> str:
+    """One line per memory: id, type, state, heat, text; then how to get the next page."""
+    lines = [
+        f"{m.id}  {type_name(m.memory_type):<10} {state_name(m.state):<8} "
+        f"heat {m.heat:.2f}  {_one_line(m.text)}"
+        for m in memories
+    ]
+    if not lines:
+        lines.append("no memories")
+    if next_page_token:
+        lines.append(f"more: --page-token {next_page_token}  (or --all)")
+    return "\n".join(lines)
+
+
+def identity(response: memory_service_pb2.IdentityResponse, channel: str) -> str:
+    """A channel's status: totals, counts by state and type, heat, gates, conflicts."""
+    rows = [
+        ("channel", channel),
+        ("memories", str(response.total)),
+        ("heat", f"{response.channel_heat:.2f}"),
+        ("by state", _pairs(response.by_state, "MEMORY_STATE_")),
+        ("by type", _pairs(response.by_type, "MEMORY_TYPE_")),
+        ("gates", ", ".join(response.active_gates) or "none"),
+        ("conflicts", str(len(response.conflicts)) if response.conflicts else "none"),
+    ]
+    lines = [f"{label:<11}{value}" for label, value in rows]
+    lines.extend(f"  {c.a_id} <> {c.b_id}: {c.reason}" for c in response.conflicts)
+    return "\n".join(lines)

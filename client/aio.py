@@ -1,0 +1,293 @@
+"""The asyncio Calor client: the methods of ``CalorClient``, awaitable, over ``grpc.aio``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from datetime import datetime
+from typing import Self
+
+import grpc
+import grpc.aio
+from calor.client import _convert
+from calor.client._convert import EnumArg
+from calor.client.errors import translate_rpc_errors
+from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = ["AsyncCalorClient"]
+
+
+class AsyncCalorClient(_convert.ClientBase):
+    """An asyncio client of one Calor server, working in one default channel.
+
+    It mirrors :class:`~calor.client.CalorClient` method for method; see there for
+    what each argument means. Make it inside the event loop that will use it.
+    Making one does no I/O, and every failed call raises a
+    :class:`~calor.client.errors.CalorClientError`.
+
+    Example::
+
+        async with AsyncCalorClient("localhost:50051", channel="agent-7") as calor:
+            await calor.store("The user is allergic to peanuts.", memory_type="core")
+            hits = (await calor.recall("allergies")).hits
+
+    Args:
+        target: The server's ``host:port``.
+        channel: The memory channel calls use unless they pass ``channel=``.
+        timeout: Seconds each call may take; None waits for ever.
+        grpc_channel: A ready ``grpc.aio.Channel`` to use instead of an insecure
+            channel to ``target``. The caller keeps it: :meth:`close` leaves it open.
+    """
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        channel: str = "default",
+        timeout: float | None = 30.0,
+        grpc_channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        super().__init__(target, channel, timeout)
+        self._owns_channel = grpc_channel is None
+        self._grpc_channel = (
+            grpc.aio.insecure_channel(target) if grpc_channel is None else grpc_channel
+        )
+        self._stub = memory_service_pb2_grpc.MemoryServiceStub(self._grpc_channel)
+        self._health = health_pb2_grpc.HealthStub(self._grpc_channel)
+
+    async def close(self) -> None:
+        """Close the gRPC channel the client made (not one it was given)."""
+        if self._owns_channel:
+            await self._grpc_channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def store(
+        self,
+        text: str,
+        *,
+        channel: str | None = None,
+        memory_type: EnumArg | None = None,
+        importance: float | None = None,
+        keystone: bool = False,
+        tags: Mapping[str, str] | None = None,
+        source: EnumArg | None = None,
+        confidence: EnumArg | None = None,
+        idempotency_key: str | None = None,
+        created_at: datetime | None = None,
+    ) -> memory_pb2.Memory:
+        """Store one memory; see :meth:`CalorClient.store`."""
+        request = _convert.store_request(
+            self._in(channel),
+            text,
+            memory_type=memory_type,
+            importance=importance,
+            keystone=keystone,
+            tags=tags,
+            source=source,
+            confidence=confidence,
+            idempotency_key=idempotency_key,
+            created_at=created_at,
+        )
+        with translate_rpc_errors():
+            return (await self._stub.Store(request, timeout=self.timeout)).memory
+
+    async def store_many(
+        self,
+        items: Iterable[str | memory_service_pb2.StoreRequest],
+        *,
+        channel: str | None = None,
+        memory_type: EnumArg | None = None,
+        importance: float | None = None,
+        keystone: bool = False,
+        tags: Mapping[str, str] | None = None,
+        source: EnumArg | None = None,
+        confidence: EnumArg | None = None,
+        created_at: datetime | None = None,
+    ) -> list[str]:
+        """Store many memories in one stream; see :meth:`CalorClient.store_many`."""
+        messages = _convert.stream_requests(
+            self._in(channel),
+            items,
+            memory_type=memory_type,
+            importance=importance,
+            keystone=keystone,
+            tags=tags,
+            source=source,
+            confidence=confidence,
+            created_at=created_at,
+        )
+        if not messages:
+            return []
+        with translate_rpc_errors():
+            response = await self._stub.StoreStream(iter(messages), timeout=self.timeout)
+        return list(response.ids)
+
+    async def recall(
+        self,
+        query: str,
+        *,
+        channel: str | None = None,
+        limit: int = 10,
+        channels: Iterable[str] = (),
+        memory_types: Iterable[EnumArg] = (),
+        states: Iterable[EnumArg] = (),
+        tags: Mapping[str, str] | None = None,
+        time_from: datetime | None = None,
+        time_to: datetime | None = None,
+        min_heat: float = 0.0,
+        peek: bool = False,
+        include_archived: bool = False,
+        as_of: datetime | None = None,
+    ) -> memory_service_pb2.RecallResponse:
+        """Find the memories that answer a query; see :meth:`CalorClient.recall`."""
+        request = _convert.recall_request(
+            self._in(channel),
+            query,
+            limit=limit,
+            channels=channels,
+            memory_types=memory_types,
+            states=states,
+            tags=tags,
+            time_from=time_from,
+            time_to=time_to,
+            min_heat=min_heat,
+            peek=peek,
+            include_archived=include_archived,
+            as_of=as_of,
+        )
+        with translate_rpc_errors():
+            return await self._stub.Recall(request, timeout=self.timeout)
+
+    async def inspect(
+        self, memory_id: str, *, channel: str | None = None
+    ) -> memory_service_pb2.InspectResponse:
+        """One memory and its edges; see :meth:`CalorClient.inspect`."""
+        request = memory_service_pb2.InspectRequest(channel=self._in(channel), id=memory_id)
+        with translate_rpc_errors():
+            return await self._stub.Inspect(request, timeout=self.timeout)
+
+    async def list_memories(
+        self,
+        *,
+        channel: str | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+        memory_types: Iterable[EnumArg] = (),
+        states: Iterable[EnumArg] = (),
+        tags: Mapping[str, str] | None = None,
+        time_from: datetime | None = None,
+        time_to: datetime | None = None,
+    ) -> memory_service_pb2.ListMemoriesResponse:
+        """One page of a channel's memories; see :meth:`CalorClient.list_memories`."""
+        request = _convert.list_request(
+            self._in(channel),
+            page_size=page_size,
+            page_token=page_token,
+            memory_types=memory_types,
+            states=states,
+            tags=tags,
+            time_from=time_from,
+            time_to=time_to,
+        )
+        with translate_rpc_errors():
+            return await self._stub.ListMemories(request, timeout=self.timeout)
+
+    async def iter_memories(
+        self,
+        *,
+        channel: str | None = None,
+        page_size: int = 100,
+        memory_types: Iterable[EnumArg] = (),
+        states: Iterable[EnumArg] = (),
+        tags: Mapping[str, str] | None = None,
+        time_from: datetime | None = None,
+        time_to: datetime | None = None,
+    ) -> AsyncIterator[memory_pb2.Memory]:
+        """Every memory across pages; see :meth:`CalorClient.iter_memories`."""
+        request = _convert.list_request(
+            self._in(channel),
+            page_size=page_size,
+            memory_types=memory_types,
+            states=states,
+            tags=tags,
+            time_from=time_from,
+            time_to=time_to,
+        )
+        while True:
+            with translate_rpc_errors():
+                page = await self._stub.ListMemories(request, timeout=self.timeout)
+            for memory in page.memories:
+                yield memory
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    async def update(
+        self,
+        memory_id: str,
+        *,
+        channel: str | None = None,
+        text: str | None = None,
+        memory_type: EnumArg | None = None,
+        tags: Mapping[str, str] | None = None,
+        importance: float | None = None,
+        supersedes: str = "",
+    ) -> memory_pb2.Memory:
+        """Correct the fields given of a memory; see :meth:`CalorClient.update`."""
+        request = _convert.update_request(
+            self._in(channel),
+            memory_id,
+            text=text,
+            memory_type=memory_type,
+            tags=tags,
+            importance=importance,
+            supersedes=supersedes,
+        )
+        with translate_rpc_errors():
+            return (await self._stub.Update(request, timeout=self.timeout)).memory
+
+    async def keystone(
+        self, memory_id: str, on: bool = True, *, channel: str | None = None
+    ) -> memory_pb2.Memory:
+        """Pin or unpin a memory as a keystone; see :meth:`CalorClient.keystone`."""
+        request = memory_service_pb2.KeystoneRequest(
+            channel=self._in(channel), id=memory_id, keystone=on
+        )
+        with translate_rpc_errors():
+            return (await self._stub.Keystone(request, timeout=self.timeout)).memory
+
+    async def boost(
+        self, memory_id: str, delta: float = 0.0, *, channel: str | None = None
+    ) -> memory_pb2.Memory:
+        """Add heat to a memory; see :meth:`CalorClient.boost`."""
+        request = memory_service_pb2.BoostRequest(
+            channel=self._in(channel), id=memory_id, delta=delta
+        )
+        with translate_rpc_errors():
+            return (await self._stub.Boost(request, timeout=self.timeout)).memory
+
+    async def forget(self, ids: str | Iterable[str], *, channel: str | None = None) -> int:
+        """Forget memories by id; returns how many were forgotten."""
+        request = _convert.forget_request(self._in(channel), ids)
+        with translate_rpc_errors():
+            return int((await self._stub.Forget(request, timeout=self.timeout)).forgotten)
+
+    async def identity(self, *, channel: str | None = None) -> memory_service_pb2.IdentityResponse:
+        """The channel's status; see :meth:`CalorClient.identity`."""
+        request = memory_service_pb2.IdentityRequest(channel=self._in(channel))
+        with translate_rpc_errors():
+            return await self._stub.Identity(request, timeout=self.timeout)
+
+    async def health(self) -> str:
+        """The server's overall health: ``"SERVING"`` or ``"NOT_SERVING"``."""
+        with translate_rpc_errors():
+            # The health stubs declare HealthStub without its methods.
+            response = await self._health.Check(  # type: ignore[attr-defined, unused-ignore]
+                health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
+            )
+        return _convert.serving_status(response.status)

