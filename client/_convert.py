@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 import grpc
-from calor.client.errors import InvalidArgumentError
-from calor.v1 import memory_pb2, memory_service_pb2
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2
+
+from calor.client.errors import InvalidArgumentError
+from calor.v1 import memory_pb2, memory_service_pb2
 
 if TYPE_CHECKING:
     # Only the stubs name the generic wrapper class that every generated enum's type is.

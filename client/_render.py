@@ -6,11 +6,12 @@ import json
 from collections.abc import Mapping
 from datetime import UTC
 
-from calor.client._convert import short_name, state_name, type_name
-from calor.v1 import memory_pb2, memory_service_pb2
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
+
+from calor.client._convert import short_name, state_name, type_name
+from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = [
     "identity",

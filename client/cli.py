@@ -12,12 +12,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import Message
+
 from calor.client import _render
 from calor.client._convert import MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client.client import CalorClient
 from calor.client.errors import CalorClientError, InvalidArgumentError, UnavailableError
 from calor.v1 import memory_service_pb2
-from google.protobuf.message import Message
 
 __all__ = ["main"]
 

@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import Self
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from calor.client import _convert
 from calor.client._convert import EnumArg
 from calor.client.errors import translate_rpc_errors
 from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 __all__ = ["CalorClient"]
 

@@ -12,8 +12,9 @@ from typing import Any, Final, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
-from calor.server.errors import ModelUnavailableError
 from tokenizers import Tokenizer
+
+from calor.server.errors import ModelUnavailableError
 
 __all__ = [
     "Embedder",

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
 from calor.models.embedder import Embedder, OnnxEmbedder
 from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
@@ -24,8 +27,6 @@ from calor.server.policy import ChannelPolicy
 from calor.server.runtime import Runtime
 from calor.server.store import MemoryStore
 from calor.v1 import memory_service_pb2, memory_service_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 __all__ = ["CalorServer", "serve"]
 

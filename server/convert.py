@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from calor.server.engine import ChannelStatus
 from calor.server.recall import Hit
 from calor.server.records import MemoryRecord
 from calor.server.temporal import TimeWindow
 from calor.v1 import memory_pb2, memory_service_pb2
-from google.protobuf.timestamp_pb2 import Timestamp
 
 __all__ = ["hit_message", "memory_message", "status_message", "window_message"]
 

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from calor.models.embedder import Embedder
 
 __all__ = ["EmbeddingQueue"]

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import faiss
 import numpy as np
+
 from calor.server.lexical import LexicalIndex
 
 __all__ = ["ChannelIndex"]

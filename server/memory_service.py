@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.convert import hit_message, memory_message, status_message, window_message
 from calor.server.engine import Stored

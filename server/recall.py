@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
+
 from calor.server.commands import RecallQuery
 from calor.server.index import ChannelIndex
 from calor.server.lexical import tokenize

@@ -8,10 +8,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from calor.server.errors import CalorError, ResourceExhaustedError
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from calor.server.errors import CalorError, ResourceExhaustedError
 
 __all__ = ["abort_with", "rpc_errors"]
 

@@ -23,6 +23,7 @@ from typing import cast
 
 import numpy as np
 import rocksdict
+
 from calor.server.errors import StoreMismatchError, UnavailableError
 from calor.server.records import MemoryRecord
 

@@ -11,13 +11,14 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, TagFilter, UpdateChange
 from calor.server.config import Limits
 from calor.server.errors import InvalidArgumentError
 from calor.server.ids import is_valid_id
 from calor.v1 import memory_pb2, memory_service_pb2
-from google.protobuf.timestamp_pb2 import Timestamp
 
 __all__ = [
     "Validator",

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+
 from calor.models.embedder import Embedder, OnnxEmbedder
 from calor.server.app import CalorServer
 from calor.server.clock import Clock, ManualClock, SystemClock

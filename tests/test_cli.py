@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 
 import pytest
+
 from calor.client.cli import main
 
 Run = Callable[..., tuple[int, str, str]]

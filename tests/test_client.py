@@ -6,9 +6,12 @@ import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import calor.client
 import grpc
 import pytest
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+import calor.client
 from calor.client import (
     AsyncCalorClient,
     CalorClient,
@@ -19,8 +22,6 @@ from calor.client import (
     ServerError,
     from_rpc_error,
 )
-from google.protobuf import any_pb2, duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 
 @pytest.fixture

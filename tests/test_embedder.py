@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from calor.models import embedder as embedder_module
 from calor.models.embedder import (
     MODEL_DIR_ENV,

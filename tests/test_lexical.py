@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from calor.server import lexical
 from calor.server.errors import InvalidArgumentError
 from calor.server.lexical import LexicalIndex, keyword_overlap, tokenize

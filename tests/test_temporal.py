@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from calor.server.errors import InvalidArgumentError
 from calor.server.temporal import TimeWindow, detect_window, temporal_boost
 
