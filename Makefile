@@ -36,7 +36,7 @@ proto: $(STAMP)
 
 lint: $(STAMP) $(BUF)
 	$(BUF) lint
-	$(VENV)/bin/ruff check server client triggers models tests bench
+	$(VENV)/bin/ruff check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/calor
 	for d in server client triggers models; do ln -s $(CURDIR)/$$d $(TYPECHECK)/calor/$$d; done
 	ln -s $(CURDIR)/client/v1 $(TYPECHECK)/calor/v1
