@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -15,6 +16,9 @@ FACT = memory_pb2.MEMORY_TYPE_FACT
 CORE = memory_pb2.MEMORY_TYPE_CORE
 SEMANTIC = memory_pb2.MEMORY_TYPE_SEMANTIC
 DAY = 86_400.0
+# Copies of ../shared/vectors (the seed tables of the design), so a clone alone runs the
+# suite; test_seed_copies.py checks they still match the originals when those are there.
+VECTORS = Path(__file__).resolve().parent / "data" / "vectors"
 
 
 def ts(when: float | datetime) -> Timestamp:

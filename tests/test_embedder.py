@@ -19,8 +19,9 @@ from calor.models.embedder import (
     locate_model_dir,
 )
 from calor.server.errors import ModelUnavailableError
+from tests.helpers import VECTORS
 
-GOLDEN_PATH = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "bge_small_golden.json"
+GOLDEN_PATH = VECTORS / "bge_small_golden.json"
 GOLDEN: dict[str, Any] = json.loads(GOLDEN_PATH.read_text(encoding="utf-8"))
 PASSAGES = {p["text"]: np.asarray(p["vector"], dtype=np.float32) for p in GOLDEN["passages"]}
 QUERIES = {q["text"]: np.asarray(q["vector"], dtype=np.float32) for q in GOLDEN["queries"]}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +18,9 @@ from calor.server.heat import (
 from calor.server.lifecycle import apply_boost, apply_keystone, apply_recall, current_heat
 from calor.server.policy import ChannelPolicy
 from calor.server.records import MemoryRecord
+from tests.helpers import VECTORS
 
-SEEDS = json.loads((Path(__file__).parents[2] / "shared/vectors/heat.json").read_text())
+SEEDS = json.loads((VECTORS / "heat.json").read_text())
 DAY = 86_400.0
 MONTH = 365 * DAY / 12
 

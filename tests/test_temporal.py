@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from calor.server.errors import InvalidArgumentError
 from calor.server.temporal import TimeWindow, detect_window, temporal_boost
+from tests.helpers import VECTORS
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "temporal.json"
+TEMPORAL = VECTORS / "temporal.json"
 # Thursday 2026-04-09, mid-afternoon.
 NOW = datetime(2026, 4, 9, 15, 30, tzinfo=UTC)
 
 
 def _cases() -> list[dict[str, Any]]:
-    cases: list[dict[str, Any]] = json.loads(VECTORS.read_text(encoding="utf-8"))["cases"]
+    cases: list[dict[str, Any]] = json.loads(TEMPORAL.read_text(encoding="utf-8"))["cases"]
     return cases
 
 
