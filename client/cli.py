@@ -57,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(err, InvalidArgumentError) else 1
     except KeyboardInterrupt:
         return 130
-    print(_render.to_json(message) if args.json else text)
+    try:
+        print(_render.to_json(message) if args.json else text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `calor … | head` closed the pipe: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quiet exit
     return 0
 
 

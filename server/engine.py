@@ -266,9 +266,15 @@ class MemoryEngine:
             raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
         return record
 
+    def _existing(self, channel: str, memory_id: str) -> _Channel:
+        live = self._channels.get(channel)
+        if live is None:
+            raise NotFoundError(f"no memory {memory_id} in channel {channel!r}")
+        return live
+
     def inspect(self, channel: str, memory_id: str) -> MemoryRecord:
         """One memory of a channel (tombstones included)."""
-        live = self._channel(channel)
+        live = self._existing(channel, memory_id)
         with live.lock:
             return replace(self._get(live, memory_id))
 
@@ -282,7 +288,9 @@ class MemoryEngine:
 
     def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
-        channel = self._channel(query.channel)
+        channel = self._channels.get(query.channel)
+        if channel is None:
+            return [], ""
         policy = self.policy(query.channel)
         now = self._clock.now()
         page: list[MemoryRecord] = []
@@ -315,7 +323,9 @@ class MemoryEngine:
 
     def status(self, channel: str) -> ChannelStatus:
         """How many memories a channel holds, by state and by type."""
-        live = self._channel(channel)
+        live = self._channels.get(channel)
+        if live is None:
+            return ChannelStatus(0, {}, {})
         policy = self.policy(channel)
         now = self._clock.now()
         with live.lock:
@@ -327,7 +337,7 @@ class MemoryEngine:
     # --- changes ---------------------------------------------------------------
 
     def _change(self, channel: str, memory_id: str, edit: _Edit) -> MemoryRecord:
-        live = self._channel(channel)
+        live = self._existing(channel, memory_id)
         with live.lock:
             current = self._get(live, memory_id)
             if current.state == DELETED:
@@ -353,7 +363,7 @@ class MemoryEngine:
 
     def update(self, change: UpdateChange, vector: np.ndarray | None) -> MemoryRecord:
         """Correct a memory; a new text comes with its new embedding."""
-        live = self._channel(change.channel)
+        live = self._existing(change.channel, change.memory_id)
         with live.lock:
             current = self._get(live, change.memory_id)
             if current.state == DELETED:
@@ -389,7 +399,9 @@ class MemoryEngine:
 
     def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
         """Forget memories: each becomes a tombstone without text or embedding."""
-        live = self._channel(channel)
+        live = self._channels.get(channel)
+        if live is None:
+            return 0
         with live.lock:
             now = self._clock.now()
             gone: list[MemoryRecord] = []
