@@ -84,6 +84,7 @@ class MemoryEngine:
         self._clock = clock
         self._policy = policy
         self._channels: dict[str, _Channel] = {}
+        self._policies: dict[str, ChannelPolicy] = {}
         self._channels_lock = threading.Lock()
 
     @classmethod
@@ -94,6 +95,8 @@ class MemoryEngine:
         return engine
 
     def _rebuild(self) -> None:
+        for name, data in self._store.policies():
+            self._policies[name] = ChannelPolicy.from_json(data)
         for record in self._store.records():
             self._channel(record.channel).records[record.id] = record
         pending: dict[str, tuple[list[tuple[str, str]], list[np.ndarray]]] = {}
@@ -118,7 +121,15 @@ class MemoryEngine:
 
     def policy(self, channel: str) -> ChannelPolicy:
         """The policy in force in a channel."""
-        return self._policy
+        return self._policies.get(channel, self._policy)
+
+    def set_policy(self, channel: str, policy: ChannelPolicy) -> ChannelPolicy:
+        """Make ``policy`` the channel's own from now on (durably); every read uses it."""
+        with self._channel(channel).lock:
+            with self._store.batch() as batch:
+                batch.put_policy(channel, policy.to_json())
+            self._policies[channel] = policy
+        return policy
 
     # --- store -----------------------------------------------------------------
 

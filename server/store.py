@@ -6,6 +6,7 @@ Key schema (raw bytes; channel names never hold NUL):
     m:<channel>\\0<id>           MemoryRecord JSON
     v:<channel>\\0<id>           float32 embedding, little-endian
     i:<channel>\\0<key>          id stored under an idempotency key
+    p:<channel>                 the channel's policy (settings) JSON
 
 Every change goes through :meth:`MemoryStore.batch`, one atomic RocksDB write batch
 that is discarded if anything inside the block raises. With ``sync`` on, the
@@ -58,6 +59,10 @@ class WriteBatch:
     def delete_vector(self, channel: str, memory_id: str) -> None:
         """Drop a memory's embedding."""
         self._batch.delete(_key(b"v:", channel, memory_id))
+
+    def put_policy(self, channel: str, policy: bytes) -> None:
+        """Write a channel's policy (settings) as JSON."""
+        self._batch.put(b"p:" + channel.encode(), policy)
 
     def put_idempotency(self, channel: str, key: str, memory_id: str) -> None:
         """Remember which memory a store with this idempotency key made."""
@@ -136,6 +141,11 @@ class MemoryStore:
         prefix = b"m:" if channel is None else b"m:" + channel.encode() + _SEP
         for _, value in self._scan(prefix):
             yield MemoryRecord.from_json(value)
+
+    def policies(self) -> Iterator[tuple[str, bytes]]:
+        """Every channel's stored policy JSON as (channel, data)."""
+        for key, value in self._scan(b"p:"):
+            yield key[2:].decode(), value
 
     def vectors(self) -> Iterator[tuple[str, str, np.ndarray]]:
         """Every stored embedding as (channel, id, vector)."""
