@@ -25,14 +25,23 @@ from calor.server.engine import MemoryEngine
 from calor.server.memory_service import MemoryServicer
 from calor.server.policy import ChannelPolicy
 from calor.server.runtime import Runtime
+from calor.server.settings_service import SettingsServicer
 from calor.server.store import MemoryStore
-from calor.v1 import memory_service_pb2, memory_service_pb2_grpc
+from calor.v1 import (
+    memory_service_pb2,
+    memory_service_pb2_grpc,
+    settings_service_pb2,
+    settings_service_pb2_grpc,
+)
 
 __all__ = ["CalorServer", "serve"]
 
 log = logging.getLogger("calor.server")
 
-_SERVICE_NAMES = (memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,)
+_SERVICE_NAMES = (
+    memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
+    settings_service_pb2.DESCRIPTOR.services_by_name["SettingsService"].full_name,
+)
 
 
 @dataclass
@@ -70,6 +79,9 @@ class CalorServer:
         )
         memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
             MemoryServicer(self.runtime), server
+        )
+        settings_service_pb2_grpc.add_SettingsServiceServicer_to_server(
+            SettingsServicer(self.runtime), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -5,12 +5,13 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.engine import ChannelStatus
+from calor.server.graph import Edge
 from calor.server.recall import Hit
 from calor.server.records import MemoryRecord
 from calor.server.temporal import TimeWindow
 from calor.v1 import memory_pb2, memory_service_pb2
 
-__all__ = ["hit_message", "memory_message", "status_message", "window_message"]
+__all__ = ["edge_message", "hit_message", "memory_message", "status_message", "window_message"]
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -25,8 +26,8 @@ def _enum(prefix: str, name: str) -> str:
     return f"{prefix}{name.upper()}"
 
 
-def memory_message(record: MemoryRecord, heat: float, state: str) -> memory_pb2.Memory:
-    """The API view of a memory whose current heat and state are given."""
+def memory_message(record: MemoryRecord, heat: float) -> memory_pb2.Memory:
+    """The API view of a memory as it stands now (evolved), with its current heat."""
     message = memory_pb2.Memory(
         id=record.id,
         channel=record.channel,
@@ -38,7 +39,7 @@ def memory_message(record: MemoryRecord, heat: float, state: str) -> memory_pb2.
         utility=record.utility,
         recall_count=record.recall_count,
         keystone=record.keystone,
-        state=memory_pb2.MemoryState.Value(_enum("MEMORY_STATE_", state)),
+        state=memory_pb2.MemoryState.Value(_enum("MEMORY_STATE_", record.state)),
         tags=record.tags,
         entities=record.entities,
         created_at=_timestamp(record.created_at),
@@ -54,6 +55,16 @@ def memory_message(record: MemoryRecord, heat: float, state: str) -> memory_pb2.
     if record.last_recalled_at is not None:
         message.last_recalled_at.CopyFrom(_timestamp(record.last_recalled_at))
     return message
+
+
+def edge_message(edge: Edge) -> memory_pb2.Edge:
+    """One graph edge."""
+    return memory_pb2.Edge(
+        from_id=edge.from_id,
+        to_id=edge.to_id,
+        kind=memory_pb2.EdgeKind.Value(_enum("EDGE_KIND_", edge.kind)),
+        weight=edge.weight,
+    )
 
 
 def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.RecallHit:
@@ -85,4 +96,5 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
         total=status.total,
         by_state={_enum("MEMORY_STATE_", k): v for k, v in status.by_state.items()},
         by_type={_enum("MEMORY_TYPE_", k): v for k, v in status.by_type.items()},
+        channel_heat=status.channel_heat,
     )

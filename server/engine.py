@@ -2,7 +2,8 @@
 
 Every method is synchronous and may block (RocksDB, FAISS); the servicers run them
 off the event loop. Writes go to RocksDB first, in one atomic batch, and only then
-to the in-memory indexes, so what a reader sees has always been made durable.
+to the in-memory views (records, indexes, graph), so what a reader sees has always
+been made durable.
 """
 
 from __future__ import annotations
@@ -10,45 +11,48 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from calor.models.text import classify_type
+from calor.models.text import entity_key, extract_entities
+from calor.server.channel import Channel
+from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
 from calor.server.errors import InvalidArgumentError, NotFoundError
-from calor.server.heat import SOURCE_TRUST
-from calor.server.ids import new_id
-from calor.server.index import ChannelIndex
+from calor.server.graph import Edge, Reach, resonance
+from calor.server.ingest import Ingested, build_records
 from calor.server.lifecycle import (
+    Clocks,
     apply_boost,
+    apply_gain,
     apply_keystone,
     apply_recall,
     current_heat,
-    current_state,
+    evolve,
 )
 from calor.server.policy import ChannelPolicy
 from calor.server.recall import Hit, rank_channel, recall_window
-from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
-from calor.server.store import MemoryStore
+from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MemoryRecord
+from calor.server.store import MemoryStore, WriteBatch
 from calor.server.temporal import TimeWindow
+from calor.server.utility import utility
 
 __all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
 
-_INDEXED = frozenset({ACTIVE, COLD})
-# A change applied to a copy of a record: (record, policy, now).
-_Edit = Callable[[MemoryRecord, ChannelPolicy, float], None]
+# A change applied to a copy of a record: (record, policy, clocks).
+_Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
+_LIVE = frozenset({ACTIVE, COLD})
 
 
-@dataclass
-class _Channel:
-    """The live view of one channel: its records, its indexes, and the lock over both."""
+@dataclass(frozen=True)
+class _Prepared:
+    """A channel's part of a store batch: new records, its next state, confirmed elders."""
 
-    name: str
-    index: ChannelIndex
-    records: dict[str, MemoryRecord] = field(default_factory=dict)
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    ingested: list[Ingested]
+    state: ChannelState
+    confirmed: list[MemoryRecord]
 
 
 @dataclass(frozen=True)
@@ -69,11 +73,12 @@ class RecallResult:
 
 @dataclass(frozen=True)
 class ChannelStatus:
-    """Counts of a channel's memories by state and by type."""
+    """Counts of a channel's memories by state and type, and its heat."""
 
     total: int
     by_state: dict[str, int]
     by_type: dict[str, int]
+    channel_heat: float
 
 
 class MemoryEngine:
@@ -82,14 +87,14 @@ class MemoryEngine:
     def __init__(self, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> None:
         self._store = store
         self._clock = clock
-        self._policy = policy
-        self._channels: dict[str, _Channel] = {}
+        self._default_policy = policy
+        self._channels: dict[str, Channel] = {}
         self._policies: dict[str, ChannelPolicy] = {}
         self._channels_lock = threading.Lock()
 
     @classmethod
     def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
-        """An engine whose indexes are rebuilt from everything ``store`` holds."""
+        """An engine whose views are rebuilt from everything ``store`` holds."""
         engine = cls(store, clock, policy)
         engine._rebuild()
         return engine
@@ -97,39 +102,71 @@ class MemoryEngine:
     def _rebuild(self) -> None:
         for name, data in self._store.policies():
             self._policies[name] = ChannelPolicy.from_json(data)
+        for name, data in self._store.channel_states():
+            self._channel(name).state = ChannelState.from_json(data)
         for record in self._store.records():
-            self._channel(record.channel).records[record.id] = record
-        pending: dict[str, tuple[list[tuple[str, str]], list[np.ndarray]]] = {}
-        for channel, memory_id, vector in self._store.vectors():
-            live = self._channels.get(channel)
-            known = live.records.get(memory_id) if live is not None else None
-            if known is None or known.state not in _INDEXED:
-                continue
-            items, vectors = pending.setdefault(channel, ([], []))
-            items.append((memory_id, known.text))
-            vectors.append(vector)
-        for channel, (items, vectors) in pending.items():
-            self._channels[channel].index.add(items, np.stack(vectors))
+            self._channel(record.channel).remember(record)
+        for name, a, b, kind, weight in self._store.edges():
+            self._channel(name).graph.add(a, b, kind, weight)
+        pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
+        for name, memory_id, vector in self._store.vectors():
+            owner = self._channels.get(name)
+            known = owner.records.get(memory_id) if owner is not None else None
+            if known is not None:
+                pending.setdefault(name, []).append((known, vector))
+        for name, entries in pending.items():
+            channel = self._channels[name]
+            channel.index_all(entries, self.policy(name), self._clocks(channel))
 
-    def _channel(self, name: str) -> _Channel:
+    def _channel(self, name: str) -> Channel:
         with self._channels_lock:
             channel = self._channels.get(name)
             if channel is None:
-                channel = _Channel(name, ChannelIndex(self._store.dim))
+                channel = Channel(name, self._store.dim)
                 self._channels[name] = channel
             return channel
 
+    def _existing(self, channel: str, memory_id: str) -> Channel:
+        live = self._channels.get(channel)
+        if live is None:
+            raise NotFoundError(f"no memory {memory_id} in channel {channel!r}")
+        return live
+
+    def _clocks(self, channel: Channel) -> Clocks:
+        return Clocks(self._clock.now(), channel.state.interactions)
+
+    # --- policy ----------------------------------------------------------------
+
     def policy(self, channel: str) -> ChannelPolicy:
         """The policy in force in a channel."""
-        return self._policies.get(channel, self._policy)
+        return self._policies.get(channel, self._default_policy)
 
     def set_policy(self, channel: str, policy: ChannelPolicy) -> ChannelPolicy:
         """Make ``policy`` the channel's own from now on (durably); every read uses it."""
-        with self._channel(channel).lock:
+        live = self._channel(channel)
+        with live.lock:
             with self._store.batch() as batch:
                 batch.put_policy(channel, policy.to_json())
             self._policies[channel] = policy
+            live.reschedule(policy)
         return policy
+
+    # --- views -----------------------------------------------------------------
+
+    def evolved(self, record: MemoryRecord) -> MemoryRecord:
+        """The record as it stands now (promotion and state transitions applied)."""
+        channel = self._channels.get(record.channel)
+        interactions = channel.state.interactions if channel is not None else 0
+        clocks = Clocks(self._clock.now(), interactions)
+        return evolve(record, self.policy(record.channel), clocks)
+
+    def heat(self, record: MemoryRecord) -> float:
+        """A memory's heat now."""
+        channel = self._channels.get(record.channel)
+        interactions = channel.state.interactions if channel is not None else 0
+        clocks = Clocks(self._clock.now(), interactions)
+        policy = self.policy(record.channel)
+        return current_heat(evolve(record, policy, clocks), policy, clocks)
 
     # --- store -----------------------------------------------------------------
 
@@ -140,7 +177,9 @@ class MemoryEngine:
         memory_id = self._store.idempotent_id(channel, key)
         if memory_id is None:
             return None
-        return self._get(self._channel(channel), memory_id)
+        live = self._channel(channel)
+        with live.lock:
+            return replace(self._get(live, memory_id))
 
     def store(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
         """Store memories (with their embeddings, one row each) in one atomic batch."""
@@ -155,147 +194,207 @@ class MemoryEngine:
                 channel.lock.release()
 
     def _store_locked(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
-        now = self._clock.now()
-        results: list[Stored] = []
-        fresh: list[tuple[MemoryRecord, np.ndarray]] = []
-        seen_keys: dict[tuple[str, str], MemoryRecord] = {}
-        with self._store.batch() as batch:
-            for item, vector in zip(items, vectors, strict=True):
-                key = (item.channel, item.idempotency_key)
-                earlier = seen_keys.get(key) or self.find_idempotent(*key)
-                if earlier is not None:
-                    results.append(Stored(earlier, created=False))
-                    continue
-                record = self._new_record(item, now)
-                batch.put_record(record)
-                batch.put_vector(record.channel, record.id, vector)
+        results: list[Stored | None] = [None] * len(items)
+        fresh: dict[str, list[int]] = {}
+        seen: dict[tuple[str, str], int] = {}
+        for position, item in enumerate(items):
+            key = (item.channel, item.idempotency_key)
+            earlier = self._store.idempotent_id(*key) if item.idempotency_key else None
+            if earlier is not None:
+                results[position] = Stored(self._get(self._channels[item.channel], earlier), False)
+            elif item.idempotency_key and key in seen:
+                continue  # resolved below, once the first of the batch has its id
+            else:
                 if item.idempotency_key:
-                    batch.put_idempotency(record.channel, item.idempotency_key, record.id)
-                    seen_keys[key] = record
-                fresh.append((record, vector))
-                results.append(Stored(record, created=True))
-        by_channel: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
-        for record, vector in fresh:
-            by_channel.setdefault(record.channel, []).append((record, vector))
-        for name, entries in by_channel.items():
+                    seen[key] = position
+                fresh.setdefault(item.channel, []).append(position)
+        prepared: dict[str, _Prepared] = {}
+        with self._store.batch() as batch:
+            for name, positions in fresh.items():
+                channel = self._channels[name]
+                prepared[name] = self._prepare(
+                    channel, [items[p] for p in positions], vectors[positions], batch
+                )
+        for name, positions in fresh.items():
             channel = self._channels[name]
-            for record, _ in entries:
-                channel.records[record.id] = record
-            channel.index.add(
-                [(r.id, r.text) for r, _ in entries], np.stack([v for _, v in entries])
-            )
-        return [Stored(replace(r.record), r.created) for r in results]
+            policy = self.policy(name)
+            done = prepared[name]
+            channel.state = done.state
+            clocks = self._clocks(channel)
+            for confirmed in done.confirmed:
+                channel.replace(confirmed, policy, clocks, self._store)
+            channel.admit(done.ingested, policy, clocks)
+            for position, ingested in zip(positions, done.ingested, strict=True):
+                results[position] = Stored(ingested.record, True)
+        for position, item in enumerate(items):
+            if results[position] is None:
+                first = results[seen[(item.channel, item.idempotency_key)]]
+                assert first is not None
+                results[position] = Stored(first.record, False)
+        return [Stored(replace(r.record), r.created) for r in results if r is not None]
 
-    def _new_record(self, item: NewMemory, now: float) -> MemoryRecord:
-        policy = self.policy(item.channel)
-        created = item.created_at if item.created_at is not None else now
-        importance = item.importance
-        if importance is None:
-            importance = policy.default_importance * SOURCE_TRUST[item.source]
-        return MemoryRecord(
-            id=new_id(),
-            channel=item.channel,
-            text=item.text,
-            memory_type=item.memory_type or classify_type(item.text),
-            created_at=created,
-            updated_at=now,
-            heat0=1.0,
-            t0=created,
-            importance=importance,
-            utility=importance,
-            keystone=item.keystone,
-            tags=dict(item.tags),
-            source=item.source,
-            confidence=item.confidence,
-            provenance=dict(item.provenance),
-            idempotency_key=item.idempotency_key,
+    def _prepare(
+        self, channel: Channel, items: list[NewMemory], vectors: np.ndarray, batch: WriteBatch
+    ) -> _Prepared:
+        policy = self.policy(channel.name)
+        now = self._clock.now()
+        ingested = build_records(
+            items, vectors, channel.neighbourhood(), policy, now, channel.state.interactions
+        )
+        state = replace(channel.state, interactions=channel.state.interactions + len(items))
+        for entry in ingested:
+            batch.put_record(entry.record)
+            batch.put_vector(channel.name, entry.record.id, entry.vector)
+            if entry.record.idempotency_key:
+                batch.put_idempotency(channel.name, entry.record.idempotency_key, entry.record.id)
+            for edge in entry.edges:
+                batch.put_edge(channel.name, edge.from_id, edge.to_id, edge.kind, edge.weight)
+        confirmed: list[MemoryRecord] = []
+        for older_id in sorted({c for entry in ingested for c in entry.confirms}):
+            older = channel.records.get(older_id)
+            if older is not None:
+                confirmed.append(replace(older, confirmations=older.confirmations + 1))
+                self._refresh_utility(confirmed[-1], now)
+                batch.put_record(confirmed[-1])
+        batch.put_channel_state(channel.name, state.to_json())
+        return _Prepared(ingested, state, confirmed)
+
+    @staticmethod
+    def _refresh_utility(record: MemoryRecord, now: float) -> None:
+        record.utility = utility(
+            importance=record.importance,
+            memory_type=record.memory_type,
+            source=record.source,
+            valence=record.valence,
+            recall_times=record.recall_times,
+            created_at=record.created_at,
+            confirmations=record.confirmations,
+            now=now,
         )
 
     # --- recall ----------------------------------------------------------------
 
-    def recall(self, query: RecallQuery, query_vector: np.ndarray) -> RecallResult:
+    def recall(
+        self, query: RecallQuery, query_vector: np.ndarray, overloaded: bool = False
+    ) -> RecallResult:
         """Rank the memories of the caller's channel (and any it names) for a query.
 
         Unless ``peek``, the returned memories of the caller's own channel are
-        recalled: heat bumped, stability multiplied, count raised, made durable.
+        recalled (heat bumped, stability multiplied, count raised), their heat
+        resonates to their neighbours, and the channel heats up; all made durable.
         """
         now = self._clock.now()
         window = recall_window(query, now)
+        policy = self.policy(query.channel)
+        limit = query.limit
+        if overloaded and policy.gate_load:
+            limit = min(limit, policy.load_reduced_limit)
         hits: list[Hit] = []
-        for name in (query.channel, *query.channels):
-            channel = self._channels.get(name)
-            if channel is None:
-                continue
-            with channel.lock:
-                found = rank_channel(
-                    channel.index,
-                    channel.records,
-                    self.policy(name),
-                    query,
-                    query_vector,
-                    window,
-                    now,
-                    own=name == query.channel,
-                )
-                hits.extend(replace(h, record=replace(h.record)) for h in found)
+        own = self._channel(query.channel)
+        with own.lock:
+            if not query.peek:
+                own.state.check_ceiling(policy, now)
+            self._migrate_due(own)
+            hits.extend(self._rank(own, query, query_vector, window, mine=True))
+        for name in query.channels:
+            other = self._channels.get(name)
+            if other is not None:
+                with other.lock:
+                    hits.extend(self._rank(other, query, query_vector, window, mine=False))
         hits.sort(key=lambda h: (-h.score, h.record.id))
-        hits = hits[: query.limit]
+        hits = hits[:limit]
         if not query.peek:
-            self._recalled(query.channel, [h for h in hits if h.record.channel == query.channel])
+            with own.lock:
+                self._recalled(own, [h for h in hits if h.record.channel == own.name])
         return RecallResult(hits, window)
 
-    def _recalled(self, name: str, hits: list[Hit]) -> None:
-        if not hits:
-            return
-        channel = self._channels[name]
-        policy = self.policy(name)
-        with channel.lock:
-            now = self._clock.now()
-            updated: list[MemoryRecord] = []
-            for hit in hits:
-                live = channel.records.get(hit.record.id)
-                if live is None:
-                    continue
-                changed = replace(live)
-                apply_recall(changed, policy, now)
-                updated.append(changed)
-            with self._store.batch() as batch:
-                for record in updated:
-                    batch.put_record(record)
-            for record in updated:
-                channel.records[record.id] = record
-        by_id = {r.id: r for r in updated}
+    def _rank(
+        self,
+        channel: Channel,
+        query: RecallQuery,
+        vector: np.ndarray,
+        window: TimeWindow | None,
+        mine: bool,
+    ) -> list[Hit]:
+        policy = self.policy(channel.name)
+        clocks = self._clocks(channel)
+        indexes = [channel.index, channel.attic] if query.include_archived else [channel.index]
+        found: list[Hit] = []
+        for index in indexes:
+            found.extend(
+                rank_channel(index, channel.records, policy, query, vector, window, clocks, mine)
+            )
+        return [replace(h, record=replace(h.record)) for h in found]
+
+    def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
+        """Bump the recalled memories, spread their heat, warm the channel; one batch."""
+        policy = self.policy(channel.name)
+        clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
+        changed: dict[str, MemoryRecord] = {}
         for hit in hits:
-            if hit.record.id in by_id:
-                hit.record = replace(by_id[hit.record.id])
+            live = channel.records.get(hit.record.id)
+            if live is None:
+                continue
+            record = evolve(replace(live), policy, clocks)
+            apply_recall(record, policy, clocks)
+            self._refresh_utility(record, clocks.now)
+            changed[record.id] = record
+
+        def reach(memory_id: str) -> Reach | None:
+            record = channel.records.get(memory_id)
+            if record is None:
+                return None
+            record = evolve(record, policy, clocks)
+            if record.state == ARCHIVED:
+                return Reach(current_heat(record, policy, clocks), archived=True)
+            if record.state not in _LIVE:
+                return None
+            return Reach(current_heat(record, policy, clocks))
+
+        recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
+        for memory_id, gain in resonance(channel.graph, recalled, reach, policy).items():
+            record = evolve(replace(channel.records[memory_id]), policy, clocks)
+            apply_gain(record, policy, clocks, gain)
+            changed[memory_id] = record
+        state = replace(channel.state, interactions=clocks.interactions)
+        state.recalled(policy, clocks.now)
+        with self._store.batch() as batch:
+            for record in changed.values():
+                batch.put_record(record)
+            batch.put_channel_state(channel.name, state.to_json())
+        channel.state = state
+        for record in changed.values():
+            channel.replace(record, policy, clocks, self._store)
+        for hit in hits:
+            if hit.record.id in changed:
+                hit.record = replace(changed[hit.record.id])
+
+    def _migrate_due(self, channel: Channel) -> None:
+        """Persist the state changes whose moment has come (cold storage, ghosts)."""
+        policy = self.policy(channel.name)
+        clocks = self._clocks(channel)
+        due = channel.due_transitions(policy, clocks)
+        if not due:
+            return
+        with self._store.batch() as batch:
+            for record in due:
+                batch.put_record(record)
+        for record in due:
+            channel.replace(record, policy, clocks, self._store)
 
     # --- reads -----------------------------------------------------------------
 
-    def _get(self, channel: _Channel, memory_id: str) -> MemoryRecord:
-        record = channel.records.get(memory_id) or self._store.get(channel.name, memory_id)
+    def _get(self, channel: Channel, memory_id: str) -> MemoryRecord:
+        record = channel.records.get(memory_id)
         if record is None:
             raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
         return record
 
-    def _existing(self, channel: str, memory_id: str) -> _Channel:
-        live = self._channels.get(channel)
-        if live is None:
-            raise NotFoundError(f"no memory {memory_id} in channel {channel!r}")
-        return live
-
-    def inspect(self, channel: str, memory_id: str) -> MemoryRecord:
-        """One memory of a channel (tombstones included)."""
+    def inspect(self, channel: str, memory_id: str) -> tuple[MemoryRecord, list[Edge]]:
+        """One memory of a channel (tombstones included) and its edges."""
         live = self._existing(channel, memory_id)
         with live.lock:
-            return replace(self._get(live, memory_id))
-
-    def heat(self, record: MemoryRecord) -> float:
-        """A memory's heat now."""
-        return current_heat(record, self.policy(record.channel), self._clock.now())
-
-    def state(self, record: MemoryRecord) -> str:
-        """A memory's state now."""
-        return current_state(record, self.policy(record.channel), self._clock.now())
+            return replace(self._get(live, memory_id)), live.graph.edges(memory_id)
 
     def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
@@ -303,14 +402,12 @@ class MemoryEngine:
         if channel is None:
             return [], ""
         policy = self.policy(query.channel)
-        now = self._clock.now()
         page: list[MemoryRecord] = []
         with channel.lock:
-            for memory_id in sorted(channel.records):
-                if memory_id <= query.after_id:
-                    continue
-                record = channel.records[memory_id]
-                if not self._listed(record, current_state(record, policy, now), query):
+            clocks = self._clocks(channel)
+            for memory_id in channel.ids_after(query.after_id):
+                record = evolve(channel.records[memory_id], policy, clocks)
+                if not self._listed(record, query):
                     continue
                 if len(page) == query.page_size:
                     return page, page[-1].id
@@ -318,11 +415,11 @@ class MemoryEngine:
         return page, ""
 
     @staticmethod
-    def _listed(record: MemoryRecord, state: str, query: ListQuery) -> bool:
+    def _listed(record: MemoryRecord, query: ListQuery) -> bool:
         if query.states:
-            if state not in query.states:
+            if record.state not in query.states:
                 return False
-        elif state == DELETED:
+        elif record.state == DELETED:
             return False
         if query.memory_types and record.memory_type not in query.memory_types:
             return False
@@ -333,49 +430,67 @@ class MemoryEngine:
         return all(record.tags.get(key) == value for key, value in query.tags)
 
     def status(self, channel: str) -> ChannelStatus:
-        """How many memories a channel holds, by state and by type."""
+        """How many memories a channel holds, by state and by type, and its heat."""
         live = self._channels.get(channel)
         if live is None:
-            return ChannelStatus(0, {}, {})
+            return ChannelStatus(0, {}, {}, 0.0)
         policy = self.policy(channel)
-        now = self._clock.now()
         with live.lock:
-            states = Counter(current_state(r, policy, now) for r in live.records.values())
-            types = Counter(r.memory_type for r in live.records.values() if r.state != DELETED)
+            clocks = self._clocks(live)
+            evolved = [evolve(r, policy, clocks) for r in live.records.values()]
+            heat = live.state.heat(policy, clocks.now)
+        states = Counter(r.state for r in evolved)
+        types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
-        return ChannelStatus(total, dict(states), dict(types))
+        return ChannelStatus(total, dict(states), dict(types), heat)
 
     # --- changes ---------------------------------------------------------------
 
     def _change(self, channel: str, memory_id: str, edit: _Edit) -> MemoryRecord:
         live = self._existing(channel, memory_id)
+        policy = self.policy(channel)
         with live.lock:
+            clocks = self._clocks(live)
             current = self._get(live, memory_id)
             if current.state == DELETED:
                 raise NotFoundError(f"memory {memory_id} was forgotten")
-            changed = replace(current)
-            edit(changed, self.policy(channel), self._clock.now())
+            changed = evolve(replace(current), policy, clocks)
+            edit(changed, policy, clocks)
+            self._refresh_utility(changed, clocks.now)
             with self._store.batch() as batch:
                 batch.put_record(changed)
-            live.records[memory_id] = changed
+            live.replace(changed, policy, clocks, self._store)
             return replace(changed)
 
     def keystone(self, channel: str, memory_id: str, on: bool) -> MemoryRecord:
         """Pin (keystone) or unpin a memory."""
-        return self._change(channel, memory_id, lambda r, p, now: apply_keystone(r, p, now, on))
+        return self._change(channel, memory_id, lambda r, p, c: apply_keystone(r, p, c, on))
 
     def boost(self, channel: str, memory_id: str, delta: float) -> MemoryRecord:
         """Add heat to a memory; 0 means the channel's ``boost_delta``."""
         return self._change(
-            channel,
-            memory_id,
-            lambda r, p, now: apply_boost(r, p, now, delta or p.boost_delta),
+            channel, memory_id, lambda r, p, c: apply_boost(r, p, c, delta or p.boost_delta)
         )
+
+    def connect(self, channel: str, from_id: str, to_id: str, weight: float) -> Edge:
+        """Link two memories of a channel by hand (a ``manual`` edge)."""
+        if from_id == to_id:
+            raise InvalidArgumentError("to_id: a memory cannot be linked to itself")
+        live = self._existing(channel, from_id)
+        with live.lock:
+            for memory_id in (from_id, to_id):
+                if self._get(live, memory_id).state == DELETED:
+                    raise NotFoundError(f"memory {memory_id} was forgotten")
+            with self._store.batch() as batch:
+                batch.put_edge(channel, from_id, to_id, "manual", weight)
+            return live.graph.add(from_id, to_id, "manual", weight)
 
     def update(self, change: UpdateChange, vector: np.ndarray | None) -> MemoryRecord:
         """Correct a memory; a new text comes with its new embedding."""
         live = self._existing(change.channel, change.memory_id)
+        policy = self.policy(change.channel)
         with live.lock:
+            clocks = self._clocks(live)
             current = self._get(live, change.memory_id)
             if current.state == DELETED:
                 raise NotFoundError(f"memory {change.memory_id} was forgotten")
@@ -385,31 +500,33 @@ class MemoryEngine:
                     raise InvalidArgumentError("supersedes: a memory cannot supersede itself")
                 older = replace(self._get(live, change.supersedes))
                 older.tags = {**older.tags, "deprecated": "true", "superseded_by": current.id}
-                older.updated_at = self._clock.now()
-            changed = replace(current, updated_at=self._clock.now())
+                older.updated_at = clocks.now
+            changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
             if change.text is not None:
                 changed.text = change.text
+                changed.entities = extract_entities(change.text)
             if change.memory_type is not None:
                 changed.memory_type = change.memory_type
             if change.tags is not None:
                 changed.tags = dict(change.tags)
             if change.importance is not None:
                 changed.importance = change.importance
+            self._refresh_utility(changed, clocks.now)
             with self._store.batch() as batch:
                 batch.put_record(changed)
                 if vector is not None:
                     batch.put_vector(changed.channel, changed.id, vector)
                 if older is not None:
                     batch.put_record(older)
-            live.records[changed.id] = changed
             if older is not None:
-                live.records[older.id] = older
-            if vector is not None and changed.id in live.index:
-                live.index.add([(changed.id, changed.text)], vector.reshape(1, -1))
+                live.replace(older, policy, clocks, self._store)
+            live.replace(changed, policy, clocks, self._store, vector)
+            for entity in changed.entities:
+                live.entity_members.setdefault(entity_key(entity), []).append(changed.id)
             return replace(changed)
 
     def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
-        """Forget memories: each becomes a tombstone without text or embedding."""
+        """Forget memories: each becomes a tombstone without text, embedding or edges."""
         live = self._channels.get(channel)
         if live is None:
             return 0
@@ -425,9 +542,10 @@ class MemoryEngine:
                 for record in gone:
                     batch.put_record(record)
                     batch.delete_vector(channel, record.id)
+                    for edge in live.graph.edges(record.id):
+                        batch.delete_edge(channel, edge.from_id, edge.to_id, edge.kind)
             for record in gone:
-                live.records[record.id] = record
-                live.index.remove(record.id)
+                live.forget(record)
             return len(gone)
 
     def matching(self, channel: str, query: ListQuery) -> list[str]:

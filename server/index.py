@@ -79,6 +79,20 @@ class ChannelIndex:
         keep = labels[0] >= 0
         return labels[0][keep], sims[0][keep]
 
+    def search_many(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest memories of each query row: (similarities, labels); label -1 pads."""
+        rows = queries.shape[0]
+        k = min(k, len(self._label_of))
+        if k <= 0 or rows == 0:
+            return np.empty((rows, 0), dtype=np.float32), np.empty((rows, 0), dtype=np.int64)
+        sims, labels = self._vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        return sims, labels
+
+    def vector(self, memory_id: str) -> np.ndarray | None:
+        """The indexed embedding of a memory."""
+        label = self._label_of.get(memory_id)
+        return None if label is None else self._vectors.reconstruct(label)
+
     def similarities(self, query: np.ndarray, labels: Iterable[int]) -> np.ndarray:
         """Cosine of the query with each labelled memory's embedding."""
         label_array = np.fromiter(labels, dtype=np.int64)

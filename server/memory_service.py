@@ -9,13 +9,21 @@ from typing import Any
 import grpc
 import numpy as np
 
+from calor.server.channel_state import active_gates
 from calor.server.commands import ListQuery, NewMemory
-from calor.server.convert import hit_message, memory_message, status_message, window_message
+from calor.server.convert import (
+    edge_message,
+    hit_message,
+    memory_message,
+    status_message,
+    window_message,
+)
 from calor.server.engine import Stored
 from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
 from calor.server.records import MemoryRecord
 from calor.server.rpc import abort_with, rpc_errors
 from calor.server.runtime import Runtime
+from calor.server.settings import settings_message
 from calor.server.validation import encode_page_token
 from calor.v1 import memory_pb2, memory_service_pb2_grpc
 from calor.v1 import memory_service_pb2 as pb
@@ -33,7 +41,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
 
     def _memory(self, record: MemoryRecord) -> memory_pb2.Memory:
         engine = self._rt.engine
-        return memory_message(record, engine.heat(record), engine.state(record))
+        evolved = engine.evolved(record)
+        return memory_message(evolved, engine.heat(evolved))
 
     async def _store(self, items: list[NewMemory]) -> list[Stored]:
         engine = self._rt.engine
@@ -103,7 +112,10 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
         query = self._rt.validator.recall(request)
         vector = await self._rt.embeddings.query(query.query)
-        result = await self._rt.run(self._rt.engine.recall, query, vector)
+        overloaded = (
+            self._rt.inflight >= self._rt.engine.policy(query.channel).load_inflight_critical
+        )
+        result = await self._rt.run(self._rt.engine.recall, query, vector, overloaded)
         reply = pb.RecallResponse(
             hits=[hit_message(hit, self._memory(hit.record)) for hit in result.hits]
         )
@@ -114,12 +126,14 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     @rpc_errors
     async def Inspect(self, request: pb.InspectRequest, context: _Context) -> pb.InspectResponse:
         validator = self._rt.validator
-        record = await self._rt.run(
+        record, edges = await self._rt.run(
             self._rt.engine.inspect,
             validator.channel(request.channel),
             validator.memory_id(request.id),
         )
-        return pb.InspectResponse(memory=self._memory(record))
+        return pb.InspectResponse(
+            memory=self._memory(record), edges=[edge_message(e) for e in edges]
+        )
 
     @rpc_errors
     async def ListMemories(
@@ -199,16 +213,26 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Identity(self, request: pb.IdentityRequest, context: _Context) -> pb.IdentityResponse:
         channel = self._rt.validator.channel(request.channel)
         status = await self._rt.run(self._rt.engine.status, channel)
-        return status_message(status)
+        policy = self._rt.engine.policy(channel)
+        reply = status_message(status)
+        reply.active_gates.extend(active_gates(policy))
+        reply.settings.CopyFrom(settings_message(policy))
+        return reply
+
+    @rpc_errors
+    async def Connect(self, request: pb.ConnectRequest, context: _Context) -> pb.ConnectResponse:
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        from_id = validator.memory_id(request.from_id, "from_id")
+        to_id = validator.memory_id(request.to_id, "to_id")
+        weight = validator.unit(request.weight, "weight") or 1.0
+        edge = await self._rt.run(self._rt.engine.connect, channel, from_id, to_id, weight)
+        return pb.ConnectResponse(edge=edge_message(edge))
 
     async def _unimplemented(self, name: str, issue: int, context: _Context) -> None:
         await abort_with(
             context, UnimplementedError(f"{name} is not implemented yet (issue {issue})")
         )
-
-    async def Connect(self, request: pb.ConnectRequest, context: _Context) -> pb.ConnectResponse:
-        await self._unimplemented("Connect", 3, context)
-        return pb.ConnectResponse()
 
     async def Share(self, request: pb.ShareRequest, context: _Context) -> pb.ShareResponse:
         await self._unimplemented("Share", 3, context)

@@ -16,14 +16,15 @@ import numpy as np
 from calor.server.commands import RecallQuery
 from calor.server.index import ChannelIndex
 from calor.server.lexical import tokenize
-from calor.server.lifecycle import current_heat, current_state
+from calor.server.lifecycle import Clocks, current_heat, evolve
 from calor.server.policy import ChannelPolicy
-from calor.server.records import ACTIVE, COLD, MemoryRecord
+from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.temporal import TimeWindow, detect_window, temporal_boost
 
 __all__ = ["Hit", "band", "candidate_pool", "rank_channel", "recall_window"]
 
 _SEARCHABLE = frozenset({ACTIVE, COLD})
+_ARCHIVE_TOO = frozenset({ACTIVE, COLD, ARCHIVED})
 HIGH_BAND = 0.65
 MID_BAND = 0.50
 
@@ -75,12 +76,15 @@ def candidate_pool(query: RecallQuery) -> int:
     return max(query.limit * 4, 1000 if filtered else 100)
 
 
-def _passes(record: MemoryRecord, state: str, heat: float, query: RecallQuery) -> bool:
-    if query.states and state not in query.states:
+def _passes(record: MemoryRecord, heat: float, query: RecallQuery, policy: ChannelPolicy) -> bool:
+    allowed = query.states or (_ARCHIVE_TOO if query.include_archived else _SEARCHABLE)
+    if record.state not in allowed or record.state not in _ARCHIVE_TOO:
         return False
     if query.memory_types and record.memory_type not in query.memory_types:
         return False
     if heat < query.min_heat:
+        return False
+    if policy.gate_fidelity and heat < policy.survival_gate:
         return False
     return all(record.tags.get(key) == value for key, value in query.tags)
 
@@ -92,10 +96,14 @@ def rank_channel(
     query: RecallQuery,
     query_vector: np.ndarray,
     window: TimeWindow | None,
-    now: float,
+    clocks: Clocks,
     own: bool,
 ) -> list[Hit]:
-    """Score the channel's candidates for the query; unsorted, filters applied."""
+    """Score one index's candidates for the query; unsorted, filters applied.
+
+    Each hit carries the record as it stands now (promotions and state changes
+    applied, not yet persisted).
+    """
     pool = candidate_pool(query)
     labels, sims = index.dense(query_vector, pool)
     similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
@@ -110,10 +118,9 @@ def rank_channel(
     bonus = weights.own_channel if own else 0.0
     hits: list[Hit] = []
     for label, sim in similarity.items():
-        record = records[index.memory_id(label)]
-        heat = current_heat(record, policy, now)
-        state = current_state(record, policy, now)
-        if state not in _SEARCHABLE or not _passes(record, state, heat, query):
+        record = evolve(records[index.memory_id(label)], policy, clocks)
+        heat = current_heat(record, policy, clocks)
+        if not _passes(record, heat, query, policy):
             continue
         keyword = index.lexical.overlap(terms, label)
         boost = 0.0

@@ -48,6 +48,10 @@ class MemoryRecord:
     merged_from: list[str] = field(default_factory=list)
     idempotency_key: str = ""
     interactions0: int = 0
+    recall_times: list[float] = field(default_factory=list)
+    confirmations: int = 0
+    valence: float = 0.0
+    session: str = ""
 
     def to_json(self) -> bytes:
         """The record as compact UTF-8 JSON."""

@@ -29,6 +29,7 @@ class Runtime:
         self.executor = ThreadPoolExecutor(
             max_workers=config.workers, thread_name_prefix="calor-store"
         )
+        self.inflight = 0
         self._engine: MemoryEngine | None = None
         self._embeddings: EmbeddingQueue | None = None
 
@@ -57,6 +58,10 @@ class Runtime:
         return self._embeddings
 
     async def run(self, function: Callable[..., _T], *args: object) -> _T:
-        """Run blocking store or index work on the executor."""
+        """Run blocking store or index work on the executor; ``inflight`` counts it."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, function, *args)
+        self.inflight += 1
+        try:
+            return await loop.run_in_executor(self.executor, function, *args)
+        finally:
+            self.inflight -= 1

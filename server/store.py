@@ -7,6 +7,8 @@ Key schema (raw bytes; channel names never hold NUL):
     v:<channel>\\0<id>           float32 embedding, little-endian
     i:<channel>\\0<key>          id stored under an idempotency key
     p:<channel>                 the channel's policy (settings) JSON
+    c:<channel>                 the channel's own state JSON (heat, interactions, entropy)
+    e:<channel>\\0<a>\\0<b>\\0<kind>  edge weight (a < b; edges are undirected)
 
 Every change goes through :meth:`MemoryStore.batch`, one atomic RocksDB write batch
 that is discarded if anything inside the block raises. With ``sync`` on, the
@@ -39,6 +41,11 @@ def _key(prefix: bytes, channel: str, name: str) -> bytes:
     return prefix + channel.encode() + _SEP + name.encode()
 
 
+def _edge_key(channel: str, a: str, b: str, kind: str) -> bytes:
+    low, high = (a, b) if a < b else (b, a)
+    return b"e:" + _SEP.join(part.encode() for part in (channel, low, high, kind))
+
+
 class WriteBatch:
     """Changes gathered for one atomic write; build it with :meth:`MemoryStore.batch`."""
 
@@ -63,6 +70,18 @@ class WriteBatch:
     def put_policy(self, channel: str, policy: bytes) -> None:
         """Write a channel's policy (settings) as JSON."""
         self._batch.put(b"p:" + channel.encode(), policy)
+
+    def put_channel_state(self, channel: str, state: bytes) -> None:
+        """Write a channel's own state JSON."""
+        self._batch.put(b"c:" + channel.encode(), state)
+
+    def put_edge(self, channel: str, a: str, b: str, kind: str, weight: float) -> None:
+        """Write an undirected edge (stored once, under the smaller id first)."""
+        self._batch.put(_edge_key(channel, a, b, kind), repr(float(weight)).encode())
+
+    def delete_edge(self, channel: str, a: str, b: str, kind: str) -> None:
+        """Drop an undirected edge."""
+        self._batch.delete(_edge_key(channel, a, b, kind))
 
     def put_idempotency(self, channel: str, key: str, memory_id: str) -> None:
         """Remember which memory a store with this idempotency key made."""
@@ -146,6 +165,17 @@ class MemoryStore:
         """Every channel's stored policy JSON as (channel, data)."""
         for key, value in self._scan(b"p:"):
             yield key[2:].decode(), value
+
+    def channel_states(self) -> Iterator[tuple[str, bytes]]:
+        """Every channel's stored own state as (channel, JSON)."""
+        for key, value in self._scan(b"c:"):
+            yield key[2:].decode(), value
+
+    def edges(self) -> Iterator[tuple[str, str, str, str, float]]:
+        """Every stored edge as (channel, a, b, kind, weight)."""
+        for key, value in self._scan(b"e:"):
+            channel, a, b, kind = (part.decode() for part in key[2:].split(_SEP))
+            yield channel, a, b, kind, float(value)
 
     def vectors(self) -> Iterator[tuple[str, str, np.ndarray]]:
         """Every stored embedding as (channel, id, vector)."""

@@ -15,7 +15,13 @@ from calor.server.heat import (
     heat_at,
     seconds_until,
 )
-from calor.server.lifecycle import apply_boost, apply_keystone, apply_recall, current_heat
+from calor.server.lifecycle import (
+    Clocks,
+    apply_boost,
+    apply_keystone,
+    apply_recall,
+    current_heat,
+)
 from calor.server.policy import ChannelPolicy
 from calor.server.records import MemoryRecord
 from tests.helpers import VECTORS
@@ -114,38 +120,38 @@ def test_bump_is_capped_and_floored() -> None:
 def test_recall_materialises_bumps_and_stretches_stability() -> None:
     policy = ChannelPolicy()
     memory = record("episodic")
-    apply_recall(memory, policy, now=DAY)
+    apply_recall(memory, policy, Clocks(DAY))
     assert memory.heat0 == pytest.approx(0.65)
     assert memory.t0 == DAY
     assert memory.stability == pytest.approx(1.5)
     assert memory.recall_count == 1 and memory.last_recalled_at == DAY
     # Next day it decays with half-life 1.5 days from 0.65.
-    assert current_heat(memory, policy, 2 * DAY) == pytest.approx(0.65 * 2 ** (-1 / 1.5))
+    assert current_heat(memory, policy, Clocks(2 * DAY)) == pytest.approx(0.65 * 2 ** (-1 / 1.5))
 
 
 def test_fact_recalled_three_times_decays_with_187_5_month_half_life() -> None:
     policy = ChannelPolicy()
     memory = record("fact")
     for _ in range(3):
-        apply_recall(memory, policy, now=0.0)
+        apply_recall(memory, policy, Clocks(0.0))
     assert memory.stability == pytest.approx(2.5**3)
-    later = current_heat(memory, policy, 187.5 * MONTH)
+    later = current_heat(memory, policy, Clocks(187.5 * MONTH))
     assert later == pytest.approx(memory.heat0 / 2)
 
 
 def test_keystone_freezes_heat_and_recalls_still_bump_it() -> None:
     policy = ChannelPolicy()
     memory = record("episodic")
-    apply_keystone(memory, policy, now=DAY, on=True)
-    assert current_heat(memory, policy, 100 * DAY) == pytest.approx(0.5)
-    apply_recall(memory, policy, now=100 * DAY)
-    assert current_heat(memory, policy, 400 * DAY) == pytest.approx(0.65)
-    apply_keystone(memory, policy, now=400 * DAY, on=False)
-    assert current_heat(memory, policy, 401 * DAY) == pytest.approx(0.65 * 2 ** (-1 / 1.5))
+    apply_keystone(memory, policy, Clocks(DAY), on=True)
+    assert current_heat(memory, policy, Clocks(100 * DAY)) == pytest.approx(0.5)
+    apply_recall(memory, policy, Clocks(100 * DAY))
+    assert current_heat(memory, policy, Clocks(400 * DAY)) == pytest.approx(0.65)
+    apply_keystone(memory, policy, Clocks(400 * DAY), on=False)
+    assert current_heat(memory, policy, Clocks(401 * DAY)) == pytest.approx(0.65 * 2 ** (-1 / 1.5))
 
 
 def test_boost_adds_and_cools() -> None:
     policy = ChannelPolicy()
     memory = record("semantic")
-    apply_boost(memory, policy, now=0.0, delta=-0.5)
-    assert current_heat(memory, policy, 0.0) == pytest.approx(0.5)
+    apply_boost(memory, policy, Clocks(0.0), delta=-0.5)
+    assert current_heat(memory, policy, Clocks(0.0)) == pytest.approx(0.5)

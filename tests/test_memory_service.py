@@ -124,8 +124,11 @@ def test_temporal_references_boost_their_window(
 ) -> None:
     for created, text in DIARY.items():
         store(memories, channel_name, text, memory_type=EPISODIC, created_at=ts(utc(created)))
+    # Months-old episodic history sits in cold storage (DESIGN §5): search it too.
     reply = memories.Recall(
-        pb.RecallRequest(channel=channel_name, query=query, as_of=ts(AS_OF), peek=True)
+        pb.RecallRequest(
+            channel=channel_name, query=query, as_of=ts(AS_OF), peek=True, include_archived=True
+        )
     )
     assert expected in reply.hits[0].memory.text
     assert reply.hits[0].temporal == pytest.approx(0.40)

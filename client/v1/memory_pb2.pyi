@@ -426,6 +426,15 @@ class ChannelSettings(_message.Message):
     WEIGHT_TEMPORAL_FIELD_NUMBER: _builtins.int
     WEIGHT_OWN_CHANNEL_FIELD_NUMBER: _builtins.int
     TEMPORAL_FADE_DAYS_FIELD_NUMBER: _builtins.int
+    LOAD_INFLIGHT_CRITICAL_FIELD_NUMBER: _builtins.int
+    LOAD_REDUCED_LIMIT_FIELD_NUMBER: _builtins.int
+    SEMANTIC_LINK_THRESHOLD_FIELD_NUMBER: _builtins.int
+    SEMANTIC_LINK_MAX_FIELD_NUMBER: _builtins.int
+    ENTITY_LINK_MAX_FIELD_NUMBER: _builtins.int
+    SESSION_GAP_SECONDS_FIELD_NUMBER: _builtins.int
+    WORKING_PROMOTION_SECONDS_FIELD_NUMBER: _builtins.int
+    WORKING_PROMOTION_RECALLS_FIELD_NUMBER: _builtins.int
+    DEFAULT_IMPORTANCE_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -450,6 +459,24 @@ class ChannelSettings(_message.Message):
     weight_temporal: _builtins.float
     weight_own_channel: _builtins.float
     temporal_fade_days: _builtins.float
+    load_inflight_critical: _builtins.int
+    """In-flight calls at which the server counts as under critical load (load gate)."""
+    load_reduced_limit: _builtins.int
+    """Most hits a recall returns under critical load."""
+    semantic_link_threshold: _builtins.float
+    """Cosine similarity at or above which a store links nearest neighbours."""
+    semantic_link_max: _builtins.int
+    """Most nearest-neighbour links a store makes."""
+    entity_link_max: _builtins.int
+    """Most recent memories sharing an entity that a store links to."""
+    session_gap_seconds: _builtins.float
+    """Episodic memories closer than this share a session when no `session` tag is given."""
+    working_promotion_seconds: _builtins.float
+    """Age at which working memory becomes episodic."""
+    working_promotion_recalls: _builtins.int
+    """Recalls after which working memory becomes episodic."""
+    default_importance: _builtins.float
+    """Importance (0..1) of a memory stored without one, before source trust."""
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
     def __init__(
@@ -480,10 +507,19 @@ class ChannelSettings(_message.Message):
         weight_temporal: _builtins.float = ...,
         weight_own_channel: _builtins.float = ...,
         temporal_fade_days: _builtins.float = ...,
+        load_inflight_critical: _builtins.int = ...,
+        load_reduced_limit: _builtins.int = ...,
+        semantic_link_threshold: _builtins.float = ...,
+        semantic_link_max: _builtins.int = ...,
+        entity_link_max: _builtins.int = ...,
+        session_gap_seconds: _builtins.float = ...,
+        working_promotion_seconds: _builtins.float = ...,
+        working_promotion_recalls: _builtins.int = ...,
+        default_importance: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_temporal", b"weight_temporal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

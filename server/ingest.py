@@ -1,0 +1,185 @@
+"""The store pipeline after embedding (DESIGN §4): novelty, type, entities, utility, links.
+
+Pure with respect to storage: it reads the channel's live view and returns the records
+and edges to write; the engine writes them in one atomic batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calor.models.text import classify_type, entity_key, extract_entities, valence
+from calor.server.commands import NewMemory
+from calor.server.graph import Edge
+from calor.server.heat import SOURCE_TRUST
+from calor.server.ids import new_id
+from calor.server.index import ChannelIndex
+from calor.server.policy import ChannelPolicy
+from calor.server.records import MemoryRecord
+from calor.server.utility import utility
+
+__all__ = ["NEAR_DUPLICATE", "Ingested", "Neighbourhood", "build_records"]
+
+NEAR_DUPLICATE = 0.95
+NOVELTY_NEIGHBOURS = 5
+NOVELTY_BONUS = 0.3
+NEAR_DUPLICATE_PENALTY = 0.2
+# Cosine of the nearest memory at or above which a memory earns no novelty bonus,
+# and at or below which it earns all of it.
+_FAMILIAR, _NOVEL = 0.85, 0.50
+
+
+@dataclass
+class Neighbourhood:
+    """What a channel already holds that a new memory may link to."""
+
+    index: ChannelIndex
+    records: Mapping[str, MemoryRecord]
+    entity_members: dict[str, list[str]]
+    last_in_session: dict[str, tuple[str, float]]
+
+
+@dataclass
+class Ingested:
+    """A record ready to write, with its edges and the older memories it confirms."""
+
+    record: MemoryRecord
+    vector: np.ndarray
+    edges: list[Edge] = field(default_factory=list)
+    confirms: list[str] = field(default_factory=list)
+
+
+def novelty_adjustment(nearest: float) -> float:
+    """Importance change for a memory whose closest neighbour has cosine ``nearest``."""
+    if nearest >= NEAR_DUPLICATE:
+        return -NEAR_DUPLICATE_PENALTY
+    share = (_FAMILIAR - nearest) / (_FAMILIAR - _NOVEL)
+    return NOVELTY_BONUS * min(1.0, max(0.0, share))
+
+
+def _session(item: NewMemory) -> str:
+    """The session stream an episodic memory joins: its ``session`` tag, or the untagged one
+    (where only memories within the session gap of each other are linked)."""
+    tagged = item.tags.get("session")
+    return "tag:" + tagged if tagged else "time:"
+
+
+def build_records(
+    items: Sequence[NewMemory],
+    vectors: np.ndarray,
+    hood: Neighbourhood,
+    policy: ChannelPolicy,
+    now: float,
+    interactions: int,
+) -> list[Ingested]:
+    """Turn validated items of one channel into records and edges, in order.
+
+    Later items of the batch see earlier ones as neighbours, so a batch links the
+    same way as the same memories stored one by one.
+    """
+    k = max(NOVELTY_NEIGHBOURS, policy.semantic_link_max)
+    sims, labels = hood.index.search_many(vectors, k)
+    batch_sims = vectors @ vectors.T
+    out: list[Ingested] = []
+    for row, (item, vector) in enumerate(zip(items, vectors, strict=True)):
+        candidates = [
+            (float(s), hood.index.memory_id(int(lab)))
+            for s, lab in zip(sims[row], labels[row], strict=True)
+            if lab >= 0
+        ]
+        candidates += [(float(batch_sims[row, j]), out[j].record.id) for j in range(row)]
+        candidates.sort(key=lambda c: (-c[0], c[1]))
+        out.append(_one(item, vector, candidates, hood, policy, now, interactions + row + 1))
+        _remember(out[-1].record, hood)
+    return out
+
+
+def _one(
+    item: NewMemory,
+    vector: np.ndarray,
+    candidates: list[tuple[float, str]],
+    hood: Neighbourhood,
+    policy: ChannelPolicy,
+    now: float,
+    interactions: int,
+) -> Ingested:
+    created = item.created_at if item.created_at is not None else now
+    memory_type = item.memory_type or classify_type(item.text)
+    entities = extract_entities(item.text)
+    nearest = candidates[0][0] if candidates else 0.0
+    provenance = dict(item.provenance)
+    confirms: list[str] = []
+    importance = item.importance
+    if importance is None:
+        importance = policy.default_importance * SOURCE_TRUST[item.source]
+        importance = min(1.0, max(0.0, importance + novelty_adjustment(nearest)))
+    if nearest >= NEAR_DUPLICATE:
+        provenance["near_duplicate_of"] = candidates[0][1]
+        confirms.append(candidates[0][1])
+    record = MemoryRecord(
+        id=new_id(),
+        channel=item.channel,
+        text=item.text,
+        memory_type=memory_type,
+        created_at=created,
+        updated_at=now,
+        heat0=1.0,
+        t0=created,
+        importance=importance,
+        keystone=item.keystone,
+        tags=dict(item.tags),
+        entities=entities,
+        source=item.source,
+        confidence=item.confidence,
+        provenance=provenance,
+        idempotency_key=item.idempotency_key,
+        interactions0=interactions,
+        valence=valence(item.text),
+    )
+    if memory_type == "episodic":
+        record.session = _session(item)
+    record.utility = utility(
+        importance=record.importance,
+        memory_type=record.memory_type,
+        source=record.source,
+        valence=record.valence,
+        recall_times=record.recall_times,
+        created_at=record.created_at,
+        confirmations=0,
+        now=now,
+    )
+    edges = _links(record, candidates, hood, policy)
+    return Ingested(record, vector, edges, confirms)
+
+
+def _links(
+    record: MemoryRecord,
+    candidates: list[tuple[float, str]],
+    hood: Neighbourhood,
+    policy: ChannelPolicy,
+) -> list[Edge]:
+    edges: dict[tuple[str, str], Edge] = {}
+    for similarity, other in candidates[: policy.semantic_link_max]:
+        if similarity >= policy.semantic_link_threshold:
+            edges[(other, "semantic")] = Edge(record.id, other, "semantic", similarity)
+    for entity in record.entities:
+        for other in hood.entity_members.get(entity_key(entity), [])[-policy.entity_link_max :]:
+            edges.setdefault((other, "entity"), Edge(record.id, other, "entity", 1.0))
+    if record.session:
+        last = hood.last_in_session.get(record.session)
+        if last is not None:
+            gap = abs(record.created_at - last[1])
+            if record.session.startswith("tag:") or gap <= policy.session_gap_seconds:
+                edges[(last[0], "sequence")] = Edge(record.id, last[0], "sequence", 1.0)
+    return list(edges.values())
+
+
+def _remember(record: MemoryRecord, hood: Neighbourhood) -> None:
+    """Let later items of the same batch link to this record."""
+    for entity in record.entities:
+        hood.entity_members.setdefault(entity_key(entity), []).append(record.id)
+    if record.session:
+        hood.last_in_session[record.session] = (record.id, record.created_at)
