@@ -37,7 +37,9 @@ class Channel:
     ``index`` holds the live (ACTIVE and COLD) memories, ``attic`` the ARCHIVED ones
     (searched only with ``include_archived``); ghosts, merged and forgotten memories
     are in neither. ``changes`` is a heap of the moments a memory's state changes by
-    itself, so those changes are persisted when due without scanning the channel.
+    itself, so those changes are persisted when due without scanning the channel;
+    ``cold_since_sweep`` counts the memories that turned COLD since the last
+    consolidation sweep.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Channel:
     entity_members: dict[str, list[str]] = field(default_factory=dict)
     last_in_session: dict[str, tuple[str, float]] = field(default_factory=dict)
     changes: list[tuple[float, str]] = field(default_factory=list)
+    cold_since_sweep: int = 0
     _ids: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -160,6 +163,8 @@ class Channel:
             evolved = evolve(record, policy, clocks)
             if evolved is not record:
                 changed[memory_id] = evolved
+                if evolved.state == COLD and record.state == ACTIVE:
+                    self.cold_since_sweep += 1
             elif next_change_at(record, policy) > clocks.now:
                 self._schedule(record, policy)
         return list(changed.values())

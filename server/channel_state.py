@@ -27,6 +27,7 @@ class ChannelState:
     t0: float = 0.0
     interactions: int = 0
     entropy: int = 0
+    sweeps: int = 0
 
     def heat(self, policy: ChannelPolicy, now: float) -> float:
         """The channel's heat now."""

@@ -97,4 +97,6 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
         by_state={_enum("MEMORY_STATE_", k): v for k, v in status.by_state.items()},
         by_type={_enum("MEMORY_TYPE_", k): v for k, v in status.by_type.items()},
         channel_heat=status.channel_heat,
+        consolidation_sweeps=status.sweeps,
+        interactions=status.interactions,
     )

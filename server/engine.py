@@ -79,6 +79,8 @@ class ChannelStatus:
     by_state: dict[str, int]
     by_type: dict[str, int]
     channel_heat: float
+    sweeps: int = 0
+    interactions: int = 0
 
 
 class MemoryEngine:
@@ -370,17 +372,27 @@ class MemoryEngine:
                 hit.record = replace(changed[hit.record.id])
 
     def _migrate_due(self, channel: Channel) -> None:
-        """Persist the state changes whose moment has come (cold storage, ghosts)."""
+        """Persist the state changes whose moment has come (COLD, cold storage, ghosts),
+        and count a consolidation sweep when enough memories turned cold."""
         policy = self.policy(channel.name)
         clocks = self._clocks(channel)
         due = channel.due_transitions(policy, clocks)
         if not due:
             return
+        sweep = channel.cold_since_sweep >= policy.cold_count_trigger
+        state = replace(channel.state, sweeps=channel.state.sweeps + 1) if sweep else None
         with self._store.batch() as batch:
             for record in due:
                 batch.put_record(record)
+            if state is not None:
+                batch.put_channel_state(channel.name, state.to_json())
         for record in due:
             channel.replace(record, policy, clocks, self._store)
+        if state is not None:
+            # The consolidation sweep: the cold memories' heat and states are now
+            # materialised and due migrations done (above); dreams extend it (DESIGN §6).
+            channel.state = state
+            channel.cold_since_sweep = 0
 
     # --- reads -----------------------------------------------------------------
 
@@ -439,10 +451,11 @@ class MemoryEngine:
             clocks = self._clocks(live)
             evolved = [evolve(r, policy, clocks) for r in live.records.values()]
             heat = live.state.heat(policy, clocks.now)
+            sweeps, interactions = live.state.sweeps, live.state.interactions
         states = Counter(r.state for r in evolved)
         types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
-        return ChannelStatus(total, dict(states), dict(types), heat)
+        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
 
     # --- changes ---------------------------------------------------------------
 

@@ -190,13 +190,16 @@ def apply_keystone(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, 
 def next_change_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
     """The next moment the record's state or type changes by itself, if nothing touches it.
 
-    The earliest of: working-memory promotion, becoming a ghost, moving to cold
-    storage. ``math.inf`` when none is ahead.
+    The earliest of: turning COLD, working-memory promotion, becoming a ghost, moving
+    to cold storage. ``math.inf`` when none is ahead.
     """
     if record.state not in _LIVE or record.keystone:
         return math.inf
     moments = [migrate_at(record, policy)]
     profile = policy.profile(record.memory_type)
+    if record.state == ACTIVE and profile.floor < policy.cold_threshold:
+        half_life = effective_half_life(profile, record.stability, record.source)
+        moments.append(record.t0 + seconds_until(policy.cold_threshold, record.heat0, half_life))
     if record.memory_type == "working":
         moments.append(record.created_at + policy.working_promotion_seconds)
     if profile.floor == 0.0:

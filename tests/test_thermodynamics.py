@@ -295,3 +295,43 @@ def test_fidelity_gate_hides_memories_below_the_survival_gate(
         )
     )
     assert faint.id not in [h.memory.id for h in memories.Recall(query).hits]
+
+
+def test_consolidation_sweep_runs_when_enough_memories_turn_cold(
+    manual_server: ManualServer,
+) -> None:
+    _, clock, stub = manual_server
+    for i in range(20):
+        store(stub, "s", f"Episode {i} of the long project diary.", memory_type=EPISODIC)
+    store(stub, "s", "A standing fact about the project.", memory_type=memory_pb2.MEMORY_TYPE_FACT)
+    clock.advance(3.2 * DAY)  # heat 0.109: still above the cold threshold
+    stub.Recall(pb.RecallRequest(channel="s", query="standing fact", limit=1))
+    assert stub.Identity(pb.IdentityRequest(channel="s")).consolidation_sweeps == 0
+    clock.advance(0.2 * DAY)  # every episode crossed 0.10
+    stub.Recall(pb.RecallRequest(channel="s", query="standing fact", limit=1))
+    identity = stub.Identity(pb.IdentityRequest(channel="s"))
+    assert identity.consolidation_sweeps == 1
+    assert identity.by_state["MEMORY_STATE_COLD"] == 20
+    assert identity.interactions == 23
+
+
+def test_load_gate_reduces_recall_under_critical_load(
+    memories: MemoryServiceStub, grpc_channel: grpc.Channel, channel_name: str
+) -> None:
+    for i in range(5):
+        store(memories, channel_name, f"Load gate note {i}.")
+    query = pb.RecallRequest(channel=channel_name, query="load gate note", limit=10, peek=True)
+    assert len(memories.Recall(query).hits) == 5
+    SettingsServiceStub(grpc_channel).UpdateSettings(
+        spb.UpdateSettingsRequest(
+            channel=channel_name,
+            settings=memory_pb2.ChannelSettings(
+                gate_load=True, load_inflight_critical=1, load_reduced_limit=2
+            ),
+            update_mask=FieldMask(
+                paths=["gate_load", "load_inflight_critical", "load_reduced_limit"]
+            ),
+        )
+    )
+    assert len(memories.Recall(query).hits) == 2
+    assert "load" in memories.Identity(pb.IdentityRequest(channel=channel_name)).active_gates

@@ -1305,8 +1305,14 @@ class IdentityResponse(_message.Message):
     ACTIVE_GATES_FIELD_NUMBER: _builtins.int
     CONFLICTS_FIELD_NUMBER: _builtins.int
     SETTINGS_FIELD_NUMBER: _builtins.int
+    CONSOLIDATION_SWEEPS_FIELD_NUMBER: _builtins.int
+    INTERACTIONS_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     channel_heat: _builtins.float
+    consolidation_sweeps: _builtins.int
+    """Consolidation sweeps run so far (one each time cold_count_trigger memories turned cold)."""
+    interactions: _builtins.int
+    """The channel's interaction clock: stores and recalls so far."""
     @_builtins.property
     def by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -1327,10 +1333,12 @@ class IdentityResponse(_message.Message):
         active_gates: _abc.Iterable[_builtins.str] | None = ...,
         conflicts: _abc.Iterable[_memory_pb2.Conflict] | None = ...,
         settings: _memory_pb2.ChannelSettings | None = ...,
+        consolidation_sweeps: _builtins.int = ...,
+        interactions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "settings", b"settings", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "interactions", b"interactions", "settings", b"settings", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
