@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from calor.server.records import DELETED, MemoryRecord
+
 __all__ = ["ListQuery", "NewMemory", "RecallQuery", "TagFilter", "UpdateChange"]
 
 TagFilter = tuple[tuple[str, str], ...]
@@ -57,6 +59,24 @@ class ListQuery:
     tags: TagFilter = ()
     time_from: float | None = None
     time_to: float | None = None
+
+    def matches(self, record: MemoryRecord) -> bool:
+        """Whether a record (as it stands now) belongs in this listing.
+
+        Forgotten memories are listed only when their state is asked for.
+        """
+        if self.states:
+            if record.state not in self.states:
+                return False
+        elif record.state == DELETED:
+            return False
+        if self.memory_types and record.memory_type not in self.memory_types:
+            return False
+        if self.time_from is not None and record.created_at < self.time_from:
+            return False
+        if self.time_to is not None and record.created_at > self.time_to:
+            return False
+        return all(record.tags.get(key) == value for key, value in self.tags)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ been made durable.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -31,13 +30,14 @@ from calor.server.lifecycle import (
     apply_recall,
     current_heat,
     evolve,
+    refresh_utility,
 )
 from calor.server.policy import ChannelPolicy
 from calor.server.recall import Hit, rank_channel, recall_window
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MemoryRecord
+from calor.server.registry import ChannelRegistry
 from calor.server.store import MemoryStore, WriteBatch
 from calor.server.temporal import TimeWindow
-from calor.server.utility import utility
 
 __all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
 
@@ -89,86 +89,30 @@ class MemoryEngine:
     def __init__(self, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> None:
         self._store = store
         self._clock = clock
-        self._default_policy = policy
-        self._channels: dict[str, Channel] = {}
-        self._policies: dict[str, ChannelPolicy] = {}
-        self._channels_lock = threading.Lock()
+        self._reg = ChannelRegistry(store, clock, policy)
 
     @classmethod
     def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
         """An engine whose views are rebuilt from everything ``store`` holds."""
         engine = cls(store, clock, policy)
-        engine._rebuild()
+        engine._reg.rebuild()
         return engine
-
-    def _rebuild(self) -> None:
-        for name, data in self._store.policies():
-            self._policies[name] = ChannelPolicy.from_json(data)
-        for name, data in self._store.channel_states():
-            self._channel(name).state = ChannelState.from_json(data)
-        for record in self._store.records():
-            self._channel(record.channel).remember(record)
-        for name, a, b, kind, weight in self._store.edges():
-            self._channel(name).graph.add(a, b, kind, weight)
-        pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
-        for name, memory_id, vector in self._store.vectors():
-            owner = self._channels.get(name)
-            known = owner.records.get(memory_id) if owner is not None else None
-            if known is not None:
-                pending.setdefault(name, []).append((known, vector))
-        for name, entries in pending.items():
-            channel = self._channels[name]
-            channel.index_all(entries, self.policy(name), self._clocks(channel))
-
-    def _channel(self, name: str) -> Channel:
-        with self._channels_lock:
-            channel = self._channels.get(name)
-            if channel is None:
-                channel = Channel(name, self._store.dim)
-                self._channels[name] = channel
-            return channel
-
-    def _existing(self, channel: str, memory_id: str) -> Channel:
-        live = self._channels.get(channel)
-        if live is None:
-            raise NotFoundError(f"no memory {memory_id} in channel {channel!r}")
-        return live
-
-    def _clocks(self, channel: Channel) -> Clocks:
-        return Clocks(self._clock.now(), channel.state.interactions)
-
-    # --- policy ----------------------------------------------------------------
 
     def policy(self, channel: str) -> ChannelPolicy:
         """The policy in force in a channel."""
-        return self._policies.get(channel, self._default_policy)
+        return self._reg.policy(channel)
 
     def set_policy(self, channel: str, policy: ChannelPolicy) -> ChannelPolicy:
         """Make ``policy`` the channel's own from now on (durably); every read uses it."""
-        live = self._channel(channel)
-        with live.lock:
-            with self._store.batch() as batch:
-                batch.put_policy(channel, policy.to_json())
-            self._policies[channel] = policy
-            live.reschedule(policy)
-        return policy
-
-    # --- views -----------------------------------------------------------------
+        return self._reg.set_policy(channel, policy)
 
     def evolved(self, record: MemoryRecord) -> MemoryRecord:
         """The record as it stands now (promotion and state transitions applied)."""
-        channel = self._channels.get(record.channel)
-        interactions = channel.state.interactions if channel is not None else 0
-        clocks = Clocks(self._clock.now(), interactions)
-        return evolve(record, self.policy(record.channel), clocks)
+        return self._reg.evolved(record)
 
     def heat(self, record: MemoryRecord) -> float:
         """A memory's heat now."""
-        channel = self._channels.get(record.channel)
-        interactions = channel.state.interactions if channel is not None else 0
-        clocks = Clocks(self._clock.now(), interactions)
-        policy = self.policy(record.channel)
-        return current_heat(evolve(record, policy, clocks), policy, clocks)
+        return self._reg.heat(record)
 
     # --- store -----------------------------------------------------------------
 
@@ -179,14 +123,14 @@ class MemoryEngine:
         memory_id = self._store.idempotent_id(channel, key)
         if memory_id is None:
             return None
-        live = self._channel(channel)
+        live = self._reg.channel(channel)
         with live.lock:
             return replace(self._get(live, memory_id))
 
     def store(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
         """Store memories (with their embeddings, one row each) in one atomic batch."""
         names = sorted({item.channel for item in items})
-        channels = [self._channel(name) for name in names]
+        channels = [self._reg.channel(name) for name in names]
         for channel in channels:
             channel.lock.acquire()
         try:
@@ -203,7 +147,9 @@ class MemoryEngine:
             key = (item.channel, item.idempotency_key)
             earlier = self._store.idempotent_id(*key) if item.idempotency_key else None
             if earlier is not None:
-                results[position] = Stored(self._get(self._channels[item.channel], earlier), False)
+                results[position] = Stored(
+                    self._get(self._reg.channel(item.channel), earlier), False
+                )
             elif item.idempotency_key and key in seen:
                 continue  # resolved below, once the first of the batch has its id
             else:
@@ -213,16 +159,16 @@ class MemoryEngine:
         prepared: dict[str, _Prepared] = {}
         with self._store.batch() as batch:
             for name, positions in fresh.items():
-                channel = self._channels[name]
+                channel = self._reg.channel(name)
                 prepared[name] = self._prepare(
                     channel, [items[p] for p in positions], vectors[positions], batch
                 )
         for name, positions in fresh.items():
-            channel = self._channels[name]
-            policy = self.policy(name)
+            channel = self._reg.channel(name)
+            policy = self._reg.policy(name)
             done = prepared[name]
             channel.state = done.state
-            clocks = self._clocks(channel)
+            clocks = self._reg.clocks(channel)
             for confirmed in done.confirmed:
                 channel.replace(confirmed, policy, clocks, self._store)
             channel.admit(done.ingested, policy, clocks)
@@ -238,7 +184,7 @@ class MemoryEngine:
     def _prepare(
         self, channel: Channel, items: list[NewMemory], vectors: np.ndarray, batch: WriteBatch
     ) -> _Prepared:
-        policy = self.policy(channel.name)
+        policy = self._reg.policy(channel.name)
         now = self._clock.now()
         ingested = build_records(
             items, vectors, channel.neighbourhood(), policy, now, channel.state.interactions
@@ -256,23 +202,10 @@ class MemoryEngine:
             older = channel.records.get(older_id)
             if older is not None:
                 confirmed.append(replace(older, confirmations=older.confirmations + 1))
-                self._refresh_utility(confirmed[-1], now)
+                refresh_utility(confirmed[-1], now)
                 batch.put_record(confirmed[-1])
         batch.put_channel_state(channel.name, state.to_json())
         return _Prepared(ingested, state, confirmed)
-
-    @staticmethod
-    def _refresh_utility(record: MemoryRecord, now: float) -> None:
-        record.utility = utility(
-            importance=record.importance,
-            memory_type=record.memory_type,
-            source=record.source,
-            valence=record.valence,
-            recall_times=record.recall_times,
-            created_at=record.created_at,
-            confirmations=record.confirmations,
-            now=now,
-        )
 
     # --- recall ----------------------------------------------------------------
 
@@ -287,19 +220,19 @@ class MemoryEngine:
         """
         now = self._clock.now()
         window = recall_window(query, now)
-        policy = self.policy(query.channel)
+        policy = self._reg.policy(query.channel)
         limit = query.limit
         if overloaded and policy.gate_load:
             limit = min(limit, policy.load_reduced_limit)
         hits: list[Hit] = []
-        own = self._channel(query.channel)
+        own = self._reg.channel(query.channel)
         with own.lock:
             if not query.peek:
                 own.state.check_ceiling(policy, now)
             self._migrate_due(own)
             hits.extend(self._rank(own, query, query_vector, window, mine=True))
         for name in query.channels:
-            other = self._channels.get(name)
+            other = self._reg.find(name)
             if other is not None:
                 with other.lock:
                     hits.extend(self._rank(other, query, query_vector, window, mine=False))
@@ -318,8 +251,8 @@ class MemoryEngine:
         window: TimeWindow | None,
         mine: bool,
     ) -> list[Hit]:
-        policy = self.policy(channel.name)
-        clocks = self._clocks(channel)
+        policy = self._reg.policy(channel.name)
+        clocks = self._reg.clocks(channel)
         indexes = [channel.index, channel.attic] if query.include_archived else [channel.index]
         found: list[Hit] = []
         for index in indexes:
@@ -330,7 +263,7 @@ class MemoryEngine:
 
     def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
         """Bump the recalled memories, spread their heat, warm the channel; one batch."""
-        policy = self.policy(channel.name)
+        policy = self._reg.policy(channel.name)
         clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
         changed: dict[str, MemoryRecord] = {}
         for hit in hits:
@@ -339,7 +272,7 @@ class MemoryEngine:
                 continue
             record = evolve(replace(live), policy, clocks)
             apply_recall(record, policy, clocks)
-            self._refresh_utility(record, clocks.now)
+            refresh_utility(record, clocks.now)
             changed[record.id] = record
 
         def reach(memory_id: str) -> Reach | None:
@@ -374,8 +307,8 @@ class MemoryEngine:
     def _migrate_due(self, channel: Channel) -> None:
         """Persist the state changes whose moment has come (COLD, cold storage, ghosts),
         and count a consolidation sweep when enough memories turned cold."""
-        policy = self.policy(channel.name)
-        clocks = self._clocks(channel)
+        policy = self._reg.policy(channel.name)
+        clocks = self._reg.clocks(channel)
         due = channel.due_transitions(policy, clocks)
         if not due:
             return
@@ -404,51 +337,36 @@ class MemoryEngine:
 
     def inspect(self, channel: str, memory_id: str) -> tuple[MemoryRecord, list[Edge]]:
         """One memory of a channel (tombstones included) and its edges."""
-        live = self._existing(channel, memory_id)
+        live = self._reg.existing(channel, memory_id)
         with live.lock:
             return replace(self._get(live, memory_id)), live.graph.edges(memory_id)
 
     def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
-        channel = self._channels.get(query.channel)
+        channel = self._reg.find(query.channel)
         if channel is None:
             return [], ""
-        policy = self.policy(query.channel)
+        policy = self._reg.policy(query.channel)
         page: list[MemoryRecord] = []
         with channel.lock:
-            clocks = self._clocks(channel)
+            clocks = self._reg.clocks(channel)
             for memory_id in channel.ids_after(query.after_id):
                 record = evolve(channel.records[memory_id], policy, clocks)
-                if not self._listed(record, query):
+                if not query.matches(record):
                     continue
                 if len(page) == query.page_size:
                     return page, page[-1].id
                 page.append(replace(record))
         return page, ""
 
-    @staticmethod
-    def _listed(record: MemoryRecord, query: ListQuery) -> bool:
-        if query.states:
-            if record.state not in query.states:
-                return False
-        elif record.state == DELETED:
-            return False
-        if query.memory_types and record.memory_type not in query.memory_types:
-            return False
-        if query.time_from is not None and record.created_at < query.time_from:
-            return False
-        if query.time_to is not None and record.created_at > query.time_to:
-            return False
-        return all(record.tags.get(key) == value for key, value in query.tags)
-
     def status(self, channel: str) -> ChannelStatus:
         """How many memories a channel holds, by state and by type, and its heat."""
-        live = self._channels.get(channel)
+        live = self._reg.find(channel)
         if live is None:
             return ChannelStatus(0, {}, {}, 0.0)
-        policy = self.policy(channel)
+        policy = self._reg.policy(channel)
         with live.lock:
-            clocks = self._clocks(live)
+            clocks = self._reg.clocks(live)
             evolved = [evolve(r, policy, clocks) for r in live.records.values()]
             heat = live.state.heat(policy, clocks.now)
             sweeps, interactions = live.state.sweeps, live.state.interactions
@@ -460,16 +378,16 @@ class MemoryEngine:
     # --- changes ---------------------------------------------------------------
 
     def _change(self, channel: str, memory_id: str, edit: _Edit) -> MemoryRecord:
-        live = self._existing(channel, memory_id)
-        policy = self.policy(channel)
+        live = self._reg.existing(channel, memory_id)
+        policy = self._reg.policy(channel)
         with live.lock:
-            clocks = self._clocks(live)
+            clocks = self._reg.clocks(live)
             current = self._get(live, memory_id)
             if current.state == DELETED:
                 raise NotFoundError(f"memory {memory_id} was forgotten")
             changed = evolve(replace(current), policy, clocks)
             edit(changed, policy, clocks)
-            self._refresh_utility(changed, clocks.now)
+            refresh_utility(changed, clocks.now)
             with self._store.batch() as batch:
                 batch.put_record(changed)
             live.replace(changed, policy, clocks, self._store)
@@ -489,7 +407,7 @@ class MemoryEngine:
         """Link two memories of a channel by hand (a ``manual`` edge)."""
         if from_id == to_id:
             raise InvalidArgumentError("to_id: a memory cannot be linked to itself")
-        live = self._existing(channel, from_id)
+        live = self._reg.existing(channel, from_id)
         with live.lock:
             for memory_id in (from_id, to_id):
                 if self._get(live, memory_id).state == DELETED:
@@ -500,10 +418,10 @@ class MemoryEngine:
 
     def update(self, change: UpdateChange, vector: np.ndarray | None) -> MemoryRecord:
         """Correct a memory; a new text comes with its new embedding."""
-        live = self._existing(change.channel, change.memory_id)
-        policy = self.policy(change.channel)
+        live = self._reg.existing(change.channel, change.memory_id)
+        policy = self._reg.policy(change.channel)
         with live.lock:
-            clocks = self._clocks(live)
+            clocks = self._reg.clocks(live)
             current = self._get(live, change.memory_id)
             if current.state == DELETED:
                 raise NotFoundError(f"memory {change.memory_id} was forgotten")
@@ -524,7 +442,7 @@ class MemoryEngine:
                 changed.tags = dict(change.tags)
             if change.importance is not None:
                 changed.importance = change.importance
-            self._refresh_utility(changed, clocks.now)
+            refresh_utility(changed, clocks.now)
             with self._store.batch() as batch:
                 batch.put_record(changed)
                 if vector is not None:
@@ -540,7 +458,7 @@ class MemoryEngine:
 
     def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
         """Forget memories: each becomes a tombstone without text, embedding or edges."""
-        live = self._channels.get(channel)
+        live = self._reg.find(channel)
         if live is None:
             return 0
         with live.lock:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from calor.server.heat import bumped, effective_half_life, heat_at, seconds_until
 from calor.server.policy import ChannelPolicy
 from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MemoryRecord
+from calor.server.utility import utility
 
 __all__ = [
     "Clocks",
@@ -26,6 +27,7 @@ __all__ = [
     "migrate_at",
     "migrates",
     "next_change_at",
+    "refresh_utility",
 ]
 
 DAY = 86_400.0
@@ -179,6 +181,20 @@ def apply_gain(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, gain
     heat = _materialise(record, policy, clocks)
     record.heat0 = bumped(heat, gain)
     record.state = ACTIVE
+
+
+def refresh_utility(record: MemoryRecord, now: float) -> None:
+    """Recompute a memory's utility from the evidence it has gathered so far."""
+    record.utility = utility(
+        importance=record.importance,
+        memory_type=record.memory_type,
+        source=record.source,
+        valence=record.valence,
+        recall_times=record.recall_times,
+        created_at=record.created_at,
+        confirmations=record.confirmations,
+        now=now,
+    )
 
 
 def apply_keystone(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, on: bool) -> None:

@@ -1,0 +1,100 @@
+"""The channels a server holds: their live views, their policies, and the rebuild from RocksDB."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from calor.server.channel import Channel
+from calor.server.channel_state import ChannelState
+from calor.server.clock import Clock
+from calor.server.errors import NotFoundError
+from calor.server.lifecycle import Clocks, current_heat, evolve
+from calor.server.policy import ChannelPolicy
+from calor.server.records import MemoryRecord
+from calor.server.store import MemoryStore
+
+__all__ = ["ChannelRegistry"]
+
+
+class ChannelRegistry:
+    """Every channel's live view and policy; channels come into being on first write."""
+
+    def __init__(self, store: MemoryStore, clock: Clock, default_policy: ChannelPolicy) -> None:
+        self._store = store
+        self._clock = clock
+        self._default_policy = default_policy
+        self._channels: dict[str, Channel] = {}
+        self._policies: dict[str, ChannelPolicy] = {}
+        self._lock = threading.Lock()
+
+    def rebuild(self) -> None:
+        """Load policies, channel states, records, edges and embeddings from the store."""
+        for name, data in self._store.policies():
+            self._policies[name] = ChannelPolicy.from_json(data)
+        for name, data in self._store.channel_states():
+            self.channel(name).state = ChannelState.from_json(data)
+        for record in self._store.records():
+            self.channel(record.channel).remember(record)
+        for name, a, b, kind, weight in self._store.edges():
+            self.channel(name).graph.add(a, b, kind, weight)
+        pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
+        for name, memory_id, vector in self._store.vectors():
+            owner = self._channels.get(name)
+            known = owner.records.get(memory_id) if owner is not None else None
+            if known is not None:
+                pending.setdefault(name, []).append((known, vector))
+        for name, entries in pending.items():
+            channel = self._channels[name]
+            channel.index_all(entries, self.policy(name), self.clocks(channel))
+
+    def channel(self, name: str) -> Channel:
+        """A channel's view, made empty if it does not exist yet."""
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = Channel(name, self._store.dim)
+                self._channels[name] = channel
+            return channel
+
+    def find(self, name: str) -> Channel | None:
+        """A channel's view, if the channel exists."""
+        return self._channels.get(name)
+
+    def existing(self, name: str, memory_id: str) -> Channel:
+        """The view of a channel that must hold ``memory_id``; NOT_FOUND if it does not exist."""
+        channel = self._channels.get(name)
+        if channel is None:
+            raise NotFoundError(f"no memory {memory_id} in channel {name!r}")
+        return channel
+
+    def clocks(self, channel: Channel | None) -> Clocks:
+        """Now, on both of a channel's clocks."""
+        interactions = channel.state.interactions if channel is not None else 0
+        return Clocks(self._clock.now(), interactions)
+
+    def policy(self, name: str) -> ChannelPolicy:
+        """The policy in force in a channel."""
+        return self._policies.get(name, self._default_policy)
+
+    def set_policy(self, name: str, policy: ChannelPolicy) -> ChannelPolicy:
+        """Make ``policy`` the channel's own from now on (durably); every read uses it."""
+        channel = self.channel(name)
+        with channel.lock:
+            with self._store.batch() as batch:
+                batch.put_policy(name, policy.to_json())
+            self._policies[name] = policy
+            channel.reschedule(policy)
+        return policy
+
+    def evolved(self, record: MemoryRecord) -> MemoryRecord:
+        """The record as it stands now (promotion and state transitions applied)."""
+        clocks = self.clocks(self._channels.get(record.channel))
+        return evolve(record, self.policy(record.channel), clocks)
+
+    def heat(self, record: MemoryRecord) -> float:
+        """A memory's heat now."""
+        clocks = self.clocks(self._channels.get(record.channel))
+        policy = self.policy(record.channel)
+        return current_heat(evolve(record, policy, clocks), policy, clocks)
