@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calor.models.text import entity_key
+from calor.models.entities import entity_key
 from calor.server.channel_state import ChannelState
 from calor.server.graph import Graph
 from calor.server.index import ChannelIndex

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from calor.models.text import entity_key, extract_entities
+from calor.models.entities import entity_key, extract_entities
 from calor.server.channel import Channel
 from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calor.models.text import classify_type, entity_key, extract_entities, valence
+from calor.models.entities import entity_key, extract_entities
+from calor.models.text import classify_type
+from calor.models.valence import valence
 from calor.server.commands import NewMemory
 from calor.server.graph import Edge
 from calor.server.heat import SOURCE_TRUST

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -10,7 +11,9 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from calor.server.clock import ManualClock
+from calor.models.embedder import OnnxEmbedder
+from calor.server.clock import ManualClock, SystemClock
+from calor.server.config import ServerConfig
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2 as spb
@@ -335,3 +338,60 @@ def test_load_gate_reduces_recall_under_critical_load(
     )
     assert len(memories.Recall(query).hits) == 2
     assert "load" in memories.Identity(pb.IdentityRequest(channel=channel_name)).active_gates
+
+
+def test_interaction_mode_decays_with_use_not_time(manual_server: ManualServer) -> None:
+    server, clock, stub = manual_server
+    SettingsServiceStub(grpc.insecure_channel(server.target)).UpdateSettings(
+        spb.UpdateSettingsRequest(
+            channel="i",
+            settings=memory_pb2.ChannelSettings(
+                decay_mode=memory_pb2.DECAY_MODE_INTERACTION, interaction_unit_seconds=3600.0
+            ),
+            update_mask=FieldMask(paths=["decay_mode", "interaction_unit_seconds"]),
+        )
+    )
+    memory = store(stub, "i", "An episode measured in interactions.", memory_type=EPISODIC)
+    clock.advance(10 * DAY)
+    assert heat(stub, "i", memory.id) == 1.0
+    stub.StoreStream(
+        iter(
+            pb.StoreStreamRequest(store=pb.StoreRequest(channel="i", text=f"Filler number {n}."))
+            for n in range(24)
+        )
+    )
+    assert heat(stub, "i", memory.id) == pytest.approx(0.5, abs=1e-9)
+
+
+def test_graph_heat_and_channel_state_survive_a_restart(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    config = ServerConfig(data_dir=tmp_path, port=0)
+    first = ServerThread(config, SystemClock(), lambda: embedder)
+    with grpc.insecure_channel(first.target) as channel:
+        stub = MemoryServiceStub(channel)
+        a = store(stub, "r", "Ada Lovelace wrote the first program.").id
+        b = store(stub, "r", "Ada Lovelace worked with Charles Babbage.").id
+        old = store(
+            stub,
+            "r",
+            "An ancient episode.",
+            memory_type=EPISODIC,
+            created_at=ts(time.time() - 30 * DAY),
+        ).id
+        stub.Recall(pb.RecallRequest(channel="r", query="first program", limit=1))
+        edges_before = {(e.to_id, e.kind) for e in inspect(stub, "r", a).edges}
+        heat_before = stub.Identity(pb.IdentityRequest(channel="r")).channel_heat
+    first.stop()
+    second = ServerThread(config, SystemClock(), lambda: embedder)
+    try:
+        with grpc.insecure_channel(second.target) as channel:
+            stub = MemoryServiceStub(channel)
+            assert {(e.to_id, e.kind) for e in inspect(stub, "r", a).edges} == edges_before
+            assert (b, memory_pb2.EDGE_KIND_ENTITY) in edges_before
+            assert inspect(stub, "r", old).memory.state == ARCHIVED
+            identity = stub.Identity(pb.IdentityRequest(channel="r"))
+            assert identity.channel_heat == pytest.approx(heat_before, abs=0.01)
+            assert identity.interactions == 4
+    finally:
+        second.stop()
