@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
@@ -23,6 +23,11 @@ __all__ = [
     "MEMORY_TYPE_NAMES",
     "ClientBase",
     "EnumArg",
+    "FilterOptions",
+    "ListOptions",
+    "RecallOptions",
+    "StoreOptions",
+    "UpdateOptions",
     "forget_request",
     "list_request",
     "parse_confidence",
@@ -153,67 +158,158 @@ def _optional_timestamp(moment: datetime | None) -> Timestamp | None:
     return None if moment is None else timestamp(moment)
 
 
+class StoreOptions(TypedDict, total=False):
+    """What a new memory may be given, each optional (``store`` and ``store_many``).
+
+    The one place these options are declared and described: the ``store`` and
+    ``store_many`` methods of both clients take them as keyword arguments.
+
+    Attributes:
+        memory_type: ``"fact"``, ``"episodic"``, … or a ``MemoryType``; None (the
+            default) lets the server classify the text.
+        importance: 0..1; None (the default) lets the server estimate it.
+        keystone: Pin the memory so it does not decay (default False).
+        tags: Free labels, filterable in recall and listing.
+        source: ``"human"``, ``"agent"``, ``"extracted"`` or ``"ingest"``.
+        confidence: ``"observed"``, ``"inferred"`` or ``"asserted"``.
+        created_at: When it happened, to import history (naive means UTC); the
+            memory has decayed since.
+    """
+
+    memory_type: EnumArg | None
+    importance: float | None
+    keystone: bool
+    tags: Mapping[str, str] | None
+    source: EnumArg | None
+    confidence: EnumArg | None
+    created_at: datetime | None
+
+
+class FilterOptions(TypedDict, total=False):
+    """The filters that recall and listing share; each left out filters nothing.
+
+    Attributes:
+        memory_types: Only these types (names or ``MemoryType`` values).
+        states: Only these states (names or ``MemoryState`` values).
+        tags: Only memories carrying all these tags.
+        time_from: Only memories created at or after this moment.
+        time_to: Only memories created at or before this moment.
+    """
+
+    memory_types: Iterable[EnumArg]
+    states: Iterable[EnumArg]
+    tags: Mapping[str, str] | None
+    time_from: datetime | None
+    time_to: datetime | None
+
+
+class RecallOptions(FilterOptions, total=False):
+    """The options of a recall, each optional: the :class:`FilterOptions` and these.
+
+    The one place they are declared and described: ``recall`` on both clients
+    takes them as keyword arguments.
+
+    Attributes:
+        limit: At most this many hits (default 10).
+        channels: Further channels to search.
+        min_heat: Only memories at least this warm (default 0.0).
+        peek: Change nothing: no warming, no counts (default False).
+        include_archived: Search cold storage too (default False).
+        as_of: The moment relative phrases such as "yesterday" are read against.
+    """
+
+    limit: int
+    channels: Iterable[str]
+    min_heat: float
+    peek: bool
+    include_archived: bool
+    as_of: datetime | None
+
+
+class ListOptions(FilterOptions, total=False):
+    """The options of listing, each optional: the :class:`FilterOptions` and these.
+
+    ``list_memories`` and ``iter_memories`` on both clients take them as keyword
+    arguments.
+
+    Attributes:
+        page_size: At most this many memories a page (default 100).
+    """
+
+    page_size: int
+
+
+class UpdateOptions(TypedDict, total=False):
+    """The corrections of ``update``: a field left out (or None) is left alone.
+
+    Attributes:
+        text: The corrected text; it is re-embedded.
+        memory_type: The corrected type.
+        tags: The new tags, replacing the old ones (``{}`` clears them).
+        importance: The new importance, 0..1.
+        supersedes: The id of an older memory this one replaces; it is deprecated.
+    """
+
+    text: str | None
+    memory_type: EnumArg | None
+    tags: Mapping[str, str] | None
+    importance: float | None
+    supersedes: str
+
+
+def _check(options: Mapping[str, object], known: frozenset[str]) -> None:
+    """Refuse an option not in ``known``, as a signature would.
+
+    ``**options: Unpack[...]`` is checked by type checkers only: at run time it
+    takes any name, and a misspelt filter must not be dropped without a word.
+
+    Raises:
+        TypeError: An option has a name that is not in ``known``.
+    """
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"unexpected keyword argument {name!r} (expected one of {', '.join(sorted(known))})"
+            )
+
+
 def store_request(
-    channel: str,
-    text: str,
-    *,
-    memory_type: EnumArg | None = None,
-    importance: float | None = None,
-    keystone: bool = False,
-    tags: Mapping[str, str] | None = None,
-    source: EnumArg | None = None,
-    confidence: EnumArg | None = None,
-    idempotency_key: str | None = None,
-    created_at: datetime | None = None,
+    channel: str, text: str, idempotency_key: str | None, /, **options: Unpack[StoreOptions]
 ) -> memory_service_pb2.StoreRequest:
-    """The ``StoreRequest`` for one text and its options (see ``CalorClient.store``)."""
+    """The ``StoreRequest`` for one text, its idempotency key and its :class:`StoreOptions`."""
+    _check(options, StoreOptions.__optional_keys__)
     return memory_service_pb2.StoreRequest(
         channel=channel,
         text=text,
-        memory_type=parse_type(memory_type),
-        importance=importance,
-        keystone=keystone,
-        tags=tags,
-        source=parse_source(source),
-        confidence=parse_confidence(confidence),
+        memory_type=parse_type(options.get("memory_type")),
+        importance=options.get("importance"),
+        keystone=options.get("keystone", False),
+        tags=options.get("tags"),
+        source=parse_source(options.get("source")),
+        confidence=parse_confidence(options.get("confidence")),
         idempotency_key=idempotency_key or "",
-        created_at=_optional_timestamp(created_at),
+        created_at=_optional_timestamp(options.get("created_at")),
     )
 
 
 def stream_requests(
     channel: str,
     items: Iterable[str | memory_service_pb2.StoreRequest],
-    *,
-    memory_type: EnumArg | None = None,
-    importance: float | None = None,
-    keystone: bool = False,
-    tags: Mapping[str, str] | None = None,
-    source: EnumArg | None = None,
-    confidence: EnumArg | None = None,
-    created_at: datetime | None = None,
+    /,
+    **options: Unpack[StoreOptions],
 ) -> list[memory_service_pb2.StoreStreamRequest]:
     """The messages of one ``StoreStream`` call, built up front.
 
     Building every message before the stream opens means a bad item fails the
     call before anything is sent, instead of cancelling it half-way. A string
-    item takes the shared options; a ``StoreRequest`` item is sent as given, in
-    ``channel`` when it names none.
+    item takes the shared :class:`StoreOptions`; a ``StoreRequest`` item is sent
+    as given, in ``channel`` when it names none.
     """
+    _check(options, StoreOptions.__optional_keys__)
     messages: list[memory_service_pb2.StoreStreamRequest] = []
     for item in items:
         if isinstance(item, str):
-            request = store_request(
-                channel,
-                item,
-                memory_type=memory_type,
-                importance=importance,
-                keystone=keystone,
-                tags=tags,
-                source=source,
-                confidence=confidence,
-                created_at=created_at,
-            )
+            request = store_request(channel, item, None, **options)
         else:
             request = memory_service_pb2.StoreRequest()
             request.CopyFrom(item)
@@ -222,96 +318,70 @@ def stream_requests(
     return messages
 
 
+def _filters(options: FilterOptions) -> dict[str, Any]:
+    """The request fields of :class:`FilterOptions`, converted.
+
+    ``RecallRequest`` and ``ListMemoriesRequest`` share these fields; the builders
+    splice them in where they stand so that a bad value fails as it did before.
+    """
+    return {
+        "memory_types": [parse_type(t) for t in options.get("memory_types", ())],
+        "states": [parse_state(s) for s in options.get("states", ())],
+        "tags": options.get("tags"),
+        "time_from": _optional_timestamp(options.get("time_from")),
+        "time_to": _optional_timestamp(options.get("time_to")),
+    }
+
+
 def recall_request(
-    channel: str,
-    query: str,
-    *,
-    limit: int = 10,
-    channels: Iterable[str] = (),
-    memory_types: Iterable[EnumArg] = (),
-    states: Iterable[EnumArg] = (),
-    tags: Mapping[str, str] | None = None,
-    time_from: datetime | None = None,
-    time_to: datetime | None = None,
-    min_heat: float = 0.0,
-    peek: bool = False,
-    include_archived: bool = False,
-    as_of: datetime | None = None,
+    channel: str, query: str, /, **options: Unpack[RecallOptions]
 ) -> memory_service_pb2.RecallRequest:
-    """The ``RecallRequest`` for a query and its filters (see ``CalorClient.recall``)."""
+    """The ``RecallRequest`` for a query and its :class:`RecallOptions`."""
+    _check(options, RecallOptions.__optional_keys__)
     return memory_service_pb2.RecallRequest(
         channel=channel,
         query=query,
-        limit=limit,
-        channels=list(channels),
-        memory_types=[parse_type(t) for t in memory_types],
-        states=[parse_state(s) for s in states],
-        tags=tags,
-        time_from=_optional_timestamp(time_from),
-        time_to=_optional_timestamp(time_to),
-        min_heat=min_heat,
-        peek=peek,
-        include_archived=include_archived,
-        as_of=_optional_timestamp(as_of),
+        limit=options.get("limit", 10),
+        channels=list(options.get("channels", ())),
+        **_filters(options),
+        min_heat=options.get("min_heat", 0.0),
+        peek=options.get("peek", False),
+        include_archived=options.get("include_archived", False),
+        as_of=_optional_timestamp(options.get("as_of")),
     )
 
 
 def list_request(
-    channel: str,
-    *,
-    page_size: int = 100,
-    page_token: str = "",
-    memory_types: Iterable[EnumArg] = (),
-    states: Iterable[EnumArg] = (),
-    tags: Mapping[str, str] | None = None,
-    time_from: datetime | None = None,
-    time_to: datetime | None = None,
+    channel: str, page_token: str, /, **options: Unpack[ListOptions]
 ) -> memory_service_pb2.ListMemoriesRequest:
-    """The ``ListMemoriesRequest`` for one page (see ``CalorClient.list_memories``)."""
+    """The ``ListMemoriesRequest`` for one page and its :class:`ListOptions`."""
+    _check(options, ListOptions.__optional_keys__)
     return memory_service_pb2.ListMemoriesRequest(
         channel=channel,
-        page_size=page_size,
+        page_size=options.get("page_size", 100),
         page_token=page_token,
-        memory_types=[parse_type(t) for t in memory_types],
-        states=[parse_state(s) for s in states],
-        tags=tags,
-        time_from=_optional_timestamp(time_from),
-        time_to=_optional_timestamp(time_to),
+        **_filters(options),
     )
 
 
 def update_request(
-    channel: str,
-    memory_id: str,
-    *,
-    text: str | None = None,
-    memory_type: EnumArg | None = None,
-    tags: Mapping[str, str] | None = None,
-    importance: float | None = None,
-    supersedes: str = "",
+    channel: str, memory_id: str, /, **options: Unpack[UpdateOptions]
 ) -> memory_service_pb2.UpdateRequest:
     """The ``UpdateRequest`` whose ``update_mask`` names exactly the fields given.
 
-    A field left as None is left alone on the server; ``tags={}`` clears the tags.
+    A field left out or None is left alone on the server; ``tags={}`` clears the tags.
     """
-    paths = [
-        name
-        for name, given in (
-            ("text", text),
-            ("memory_type", memory_type),
-            ("tags", tags),
-            ("importance", importance),
-        )
-        if given is not None
-    ]
+    _check(options, UpdateOptions.__optional_keys__)
+    fields = ("text", "memory_type", "tags", "importance")
+    paths = [name for name in fields if options.get(name) is not None]
     return memory_service_pb2.UpdateRequest(
         channel=channel,
         id=memory_id,
-        text=text,
-        memory_type=parse_type(memory_type),
-        tags=tags,
-        importance=importance,
-        supersedes=supersedes,
+        text=options.get("text"),
+        memory_type=parse_type(options.get("memory_type")),
+        tags=options.get("tags"),
+        importance=options.get("importance"),
+        supersedes=options.get("supersedes", ""),
         update_mask=FieldMask(paths=paths),
     )
 

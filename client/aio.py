@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
-from datetime import datetime
-from typing import Self
+from collections.abc import AsyncIterator, Iterable
+from typing import Self, Unpack
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import _convert
-from calor.client._convert import EnumArg
+from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
 from calor.client.errors import translate_rpc_errors
 from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
 
@@ -72,28 +71,11 @@ class AsyncCalorClient(_convert.ClientBase):
         text: str,
         *,
         channel: str | None = None,
-        memory_type: EnumArg | None = None,
-        importance: float | None = None,
-        keystone: bool = False,
-        tags: Mapping[str, str] | None = None,
-        source: EnumArg | None = None,
-        confidence: EnumArg | None = None,
         idempotency_key: str | None = None,
-        created_at: datetime | None = None,
+        **options: Unpack[StoreOptions],
     ) -> memory_pb2.Memory:
         """Store one memory; see :meth:`CalorClient.store`."""
-        request = _convert.store_request(
-            self._in(channel),
-            text,
-            memory_type=memory_type,
-            importance=importance,
-            keystone=keystone,
-            tags=tags,
-            source=source,
-            confidence=confidence,
-            idempotency_key=idempotency_key,
-            created_at=created_at,
-        )
+        request = _convert.store_request(self._in(channel), text, idempotency_key, **options)
         with translate_rpc_errors():
             return (await self._stub.Store(request, timeout=self.timeout)).memory
 
@@ -102,26 +84,10 @@ class AsyncCalorClient(_convert.ClientBase):
         items: Iterable[str | memory_service_pb2.StoreRequest],
         *,
         channel: str | None = None,
-        memory_type: EnumArg | None = None,
-        importance: float | None = None,
-        keystone: bool = False,
-        tags: Mapping[str, str] | None = None,
-        source: EnumArg | None = None,
-        confidence: EnumArg | None = None,
-        created_at: datetime | None = None,
+        **options: Unpack[StoreOptions],
     ) -> list[str]:
         """Store many memories in one stream; see :meth:`CalorClient.store_many`."""
-        messages = _convert.stream_requests(
-            self._in(channel),
-            items,
-            memory_type=memory_type,
-            importance=importance,
-            keystone=keystone,
-            tags=tags,
-            source=source,
-            confidence=confidence,
-            created_at=created_at,
-        )
+        messages = _convert.stream_requests(self._in(channel), items, **options)
         if not messages:
             return []
         with translate_rpc_errors():
@@ -129,38 +95,10 @@ class AsyncCalorClient(_convert.ClientBase):
         return list(response.ids)
 
     async def recall(
-        self,
-        query: str,
-        *,
-        channel: str | None = None,
-        limit: int = 10,
-        channels: Iterable[str] = (),
-        memory_types: Iterable[EnumArg] = (),
-        states: Iterable[EnumArg] = (),
-        tags: Mapping[str, str] | None = None,
-        time_from: datetime | None = None,
-        time_to: datetime | None = None,
-        min_heat: float = 0.0,
-        peek: bool = False,
-        include_archived: bool = False,
-        as_of: datetime | None = None,
+        self, query: str, *, channel: str | None = None, **options: Unpack[RecallOptions]
     ) -> memory_service_pb2.RecallResponse:
         """Find the memories that answer a query; see :meth:`CalorClient.recall`."""
-        request = _convert.recall_request(
-            self._in(channel),
-            query,
-            limit=limit,
-            channels=channels,
-            memory_types=memory_types,
-            states=states,
-            tags=tags,
-            time_from=time_from,
-            time_to=time_to,
-            min_heat=min_heat,
-            peek=peek,
-            include_archived=include_archived,
-            as_of=as_of,
-        )
+        request = _convert.recall_request(self._in(channel), query, **options)
         with translate_rpc_errors():
             return await self._stub.Recall(request, timeout=self.timeout)
 
@@ -176,49 +114,19 @@ class AsyncCalorClient(_convert.ClientBase):
         self,
         *,
         channel: str | None = None,
-        page_size: int = 100,
         page_token: str = "",
-        memory_types: Iterable[EnumArg] = (),
-        states: Iterable[EnumArg] = (),
-        tags: Mapping[str, str] | None = None,
-        time_from: datetime | None = None,
-        time_to: datetime | None = None,
+        **options: Unpack[ListOptions],
     ) -> memory_service_pb2.ListMemoriesResponse:
         """One page of a channel's memories; see :meth:`CalorClient.list_memories`."""
-        request = _convert.list_request(
-            self._in(channel),
-            page_size=page_size,
-            page_token=page_token,
-            memory_types=memory_types,
-            states=states,
-            tags=tags,
-            time_from=time_from,
-            time_to=time_to,
-        )
+        request = _convert.list_request(self._in(channel), page_token, **options)
         with translate_rpc_errors():
             return await self._stub.ListMemories(request, timeout=self.timeout)
 
     async def iter_memories(
-        self,
-        *,
-        channel: str | None = None,
-        page_size: int = 100,
-        memory_types: Iterable[EnumArg] = (),
-        states: Iterable[EnumArg] = (),
-        tags: Mapping[str, str] | None = None,
-        time_from: datetime | None = None,
-        time_to: datetime | None = None,
+        self, *, channel: str | None = None, **options: Unpack[ListOptions]
     ) -> AsyncIterator[memory_pb2.Memory]:
         """Every memory across pages; see :meth:`CalorClient.iter_memories`."""
-        request = _convert.list_request(
-            self._in(channel),
-            page_size=page_size,
-            memory_types=memory_types,
-            states=states,
-            tags=tags,
-            time_from=time_from,
-            time_to=time_to,
-        )
+        request = _convert.list_request(self._in(channel), "", **options)
         while True:
             with translate_rpc_errors():
                 page = await self._stub.ListMemories(request, timeout=self.timeout)
@@ -229,26 +137,10 @@ class AsyncCalorClient(_convert.ClientBase):
             request.page_token = page.next_page_token
 
     async def update(
-        self,
-        memory_id: str,
-        *,
-        channel: str | None = None,
-        text: str | None = None,
-        memory_type: EnumArg | None = None,
-        tags: Mapping[str, str] | None = None,
-        importance: float | None = None,
-        supersedes: str = "",
+        self, memory_id: str, *, channel: str | None = None, **options: Unpack[UpdateOptions]
     ) -> memory_pb2.Memory:
         """Correct the fields given of a memory; see :meth:`CalorClient.update`."""
-        request = _convert.update_request(
-            self._in(channel),
-            memory_id,
-            text=text,
-            memory_type=memory_type,
-            tags=tags,
-            importance=importance,
-            supersedes=supersedes,
-        )
+        request = _convert.update_request(self._in(channel), memory_id, **options)
         with translate_rpc_errors():
             return (await self._stub.Update(request, timeout=self.timeout)).memory
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
-from typing import Self
+from collections.abc import Iterable, Iterator
+from typing import Self, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import _convert
-from calor.client._convert import EnumArg
+from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
 from calor.client.errors import translate_rpc_errors
 from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
 
@@ -68,47 +67,23 @@ class CalorClient(_convert.ClientBase):
         text: str,
         *,
         channel: str | None = None,
-        memory_type: EnumArg | None = None,
-        importance: float | None = None,
-        keystone: bool = False,
-        tags: Mapping[str, str] | None = None,
-        source: EnumArg | None = None,
-        confidence: EnumArg | None = None,
         idempotency_key: str | None = None,
-        created_at: datetime | None = None,
+        **options: Unpack[StoreOptions],
     ) -> memory_pb2.Memory:
         """Store one memory; it is durable once this returns.
 
         Args:
             text: What to remember.
             channel: The channel to store in, instead of the client's.
-            memory_type: ``"fact"``, ``"episodic"``, … or a ``MemoryType``; None lets
-                the server classify the text.
-            importance: 0..1; None lets the server estimate it.
-            keystone: Pin the memory so it does not decay.
-            tags: Free labels, filterable in recall and listing.
-            source: ``"human"``, ``"agent"``, ``"extracted"`` or ``"ingest"``.
-            confidence: ``"observed"``, ``"inferred"`` or ``"asserted"``.
             idempotency_key: A retry with the same key returns the first memory and
                 stores nothing; use one when retrying after a deadline.
-            created_at: When it happened, to import history (naive means UTC); the
-                memory has decayed since.
+            **options: Its type, importance, tags, …: see
+                :class:`~calor.client._convert.StoreOptions`.
 
         Returns:
             The stored memory, with its id, type and current heat.
         """
-        request = _convert.store_request(
-            self._in(channel),
-            text,
-            memory_type=memory_type,
-            importance=importance,
-            keystone=keystone,
-            tags=tags,
-            source=source,
-            confidence=confidence,
-            idempotency_key=idempotency_key,
-            created_at=created_at,
-        )
+        request = _convert.store_request(self._in(channel), text, idempotency_key, **options)
         with translate_rpc_errors():
             return self._stub.Store(request, timeout=self.timeout).memory
 
@@ -117,13 +92,7 @@ class CalorClient(_convert.ClientBase):
         items: Iterable[str | memory_service_pb2.StoreRequest],
         *,
         channel: str | None = None,
-        memory_type: EnumArg | None = None,
-        importance: float | None = None,
-        keystone: bool = False,
-        tags: Mapping[str, str] | None = None,
-        source: EnumArg | None = None,
-        confidence: EnumArg | None = None,
-        created_at: datetime | None = None,
+        **options: Unpack[StoreOptions],
     ) -> list[str]:
         """Store many memories in one stream, embedded in batches on the server.
 
@@ -131,49 +100,20 @@ class CalorClient(_convert.ClientBase):
             items: Texts, which take the options below, or whole ``StoreRequest``
                 messages, sent as they are (in ``channel`` if they name none).
             channel: The channel to store in, instead of the client's.
-            memory_type: As for :meth:`store`, for the text items.
-            importance: As for :meth:`store`, for the text items.
-            keystone: As for :meth:`store`, for the text items.
-            tags: As for :meth:`store`, for the text items.
-            source: As for :meth:`store`, for the text items.
-            confidence: As for :meth:`store`, for the text items.
-            created_at: As for :meth:`store`, for the text items.
+            **options: As for :meth:`store`, for the text items: see
+                :class:`~calor.client._convert.StoreOptions`.
 
         Returns:
             The new ids, in the order of ``items``.
         """
-        messages = _convert.stream_requests(
-            self._in(channel),
-            items,
-            memory_type=memory_type,
-            importance=importance,
-            keystone=keystone,
-            tags=tags,
-            source=source,
-            confidence=confidence,
-            created_at=created_at,
-        )
+        messages = _convert.stream_requests(self._in(channel), items, **options)
         if not messages:
             return []
         with translate_rpc_errors():
             return list(self._stub.StoreStream(iter(messages), timeout=self.timeout).ids)
 
     def recall(
-        self,
-        query: str,
-        *,
-        channel: str | None = None,
-        limit: int = 10,
-        channels: Iterable[str] = (),
-        memory_types: Iterable[EnumArg] = (),
-        states: Iterable[EnumArg] = (),
-        tags: Mapping[str, str] | None = None,
-        time_from: datetime | None = None,
-        time_to: datetime | None = None,
-        min_heat: float = 0.0,
-        peek: bool = False,
-        include_archived: bool = False,
-        as_of: datetime | None = None,
+        self, query: str, *, channel: str | None = None, **options: Unpack[RecallOptions]
     ) -> memory_service_pb2.RecallResponse:
         """Find the memories that answer a query, ranked by meaning and heat.
 
@@ -183,37 +123,14 @@ class CalorClient(_convert.ClientBase):
         Args:
             query: What to look for, in plain words ("what did we decide yesterday?").
             channel: The channel to search, instead of the client's.
-            limit: At most this many hits.
-            channels: Further channels to search.
-            memory_types: Only these types (names or ``MemoryType`` values).
-            states: Only these states (names or ``MemoryState`` values).
-            tags: Only memories carrying all these tags.
-            time_from: Only memories created at or after this moment.
-            time_to: Only memories created at or before this moment.
-            min_heat: Only memories at least this warm.
-            peek: Change nothing: no warming, no counts.
-            include_archived: Search cold storage too.
-            as_of: The moment relative phrases such as "yesterday" are read against.
+            **options: The limit, further channels, filters by type, state, tags,
+                time and heat, ``peek``, …: see :class:`~calor.client._convert.RecallOptions`.
 
         Returns:
             The hits, best first, each with its score parts and band, and the time
             window the query named, if any.
         """
-        request = _convert.recall_request(
-            self._in(channel),
-            query,
-            limit=limit,
-            channels=channels,
-            memory_types=memory_types,
-            states=states,
-            tags=tags,
-            time_from=time_from,
-            time_to=time_to,
-            min_heat=min_heat,
-            peek=peek,
-            include_archived=include_archived,
-            as_of=as_of,
-        )
+        request = _convert.recall_request(self._in(channel), query, **options)
         with translate_rpc_errors():
             return self._stub.Recall(request, timeout=self.timeout)
 
@@ -233,52 +150,24 @@ class CalorClient(_convert.ClientBase):
         self,
         *,
         channel: str | None = None,
-        page_size: int = 100,
         page_token: str = "",
-        memory_types: Iterable[EnumArg] = (),
-        states: Iterable[EnumArg] = (),
-        tags: Mapping[str, str] | None = None,
-        time_from: datetime | None = None,
-        time_to: datetime | None = None,
+        **options: Unpack[ListOptions],
     ) -> memory_service_pb2.ListMemoriesResponse:
         """One page of a channel's memories; pass ``next_page_token`` back for the next.
 
-        The filters are those of :meth:`recall`; :meth:`iter_memories` walks every page.
+        The ``options`` are the page size and the filters of :meth:`recall`: see
+        :class:`~calor.client._convert.ListOptions`. :meth:`iter_memories` walks
+        every page.
         """
-        request = _convert.list_request(
-            self._in(channel),
-            page_size=page_size,
-            page_token=page_token,
-            memory_types=memory_types,
-            states=states,
-            tags=tags,
-            time_from=time_from,
-            time_to=time_to,
-        )
+        request = _convert.list_request(self._in(channel), page_token, **options)
         with translate_rpc_errors():
             return self._stub.ListMemories(request, timeout=self.timeout)
 
     def iter_memories(
-        self,
-        *,
-        channel: str | None = None,
-        page_size: int = 100,
-        memory_types: Iterable[EnumArg] = (),
-        states: Iterable[EnumArg] = (),
-        tags: Mapping[str, str] | None = None,
-        time_from: datetime | None = None,
-        time_to: datetime | None = None,
+        self, *, channel: str | None = None, **options: Unpack[ListOptions]
     ) -> Iterator[memory_pb2.Memory]:
         """Every memory that :meth:`list_memories` would page through, fetched page by page."""
-        request = _convert.list_request(
-            self._in(channel),
-            page_size=page_size,
-            memory_types=memory_types,
-            states=states,
-            tags=tags,
-            time_from=time_from,
-            time_to=time_to,
-        )
+        request = _convert.list_request(self._in(channel), "", **options)
         while True:
             with translate_rpc_errors():
                 page = self._stub.ListMemories(request, timeout=self.timeout)
@@ -288,39 +177,21 @@ class CalorClient(_convert.ClientBase):
             request.page_token = page.next_page_token
 
     def update(
-        self,
-        memory_id: str,
-        *,
-        channel: str | None = None,
-        text: str | None = None,
-        memory_type: EnumArg | None = None,
-        tags: Mapping[str, str] | None = None,
-        importance: float | None = None,
-        supersedes: str = "",
+        self, memory_id: str, *, channel: str | None = None, **options: Unpack[UpdateOptions]
     ) -> memory_pb2.Memory:
         """Correct a memory; only the fields given change (a new text is re-embedded).
 
         Args:
             memory_id: The memory to correct.
             channel: Its channel, instead of the client's.
-            text: The corrected text.
-            memory_type: The corrected type.
-            tags: The new tags, replacing the old ones (``{}`` clears them).
-            importance: The new importance, 0..1.
-            supersedes: The id of an older memory this one replaces; it is deprecated.
+            **options: The corrected ``text``, ``memory_type``, ``tags`` or
+                ``importance``, and what it ``supersedes``: see
+                :class:`~calor.client._convert.UpdateOptions`.
 
         Returns:
             The memory as corrected.
         """
-        request = _convert.update_request(
-            self._in(channel),
-            memory_id,
-            text=text,
-            memory_type=memory_type,
-            tags=tags,
-            importance=importance,
-            supersedes=supersedes,
-        )
+        request = _convert.update_request(self._in(channel), memory_id, **options)
         with translate_rpc_errors():
             return self._stub.Update(request, timeout=self.timeout).memory
 
