@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from calor.server.engine import ChannelStatus
 from calor.server.graph import Edge
 from calor.server.recall import Hit
 from calor.server.records import MemoryRecord
+from calor.server.results import ChannelStatus
 from calor.server.temporal import TimeWindow
 from calor.v1 import memory_pb2, memory_service_pb2
 

@@ -10,32 +10,32 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from calor.models.entities import entity_key, extract_entities
 from calor.server.channel import Channel
-from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
 from calor.server.errors import InvalidArgumentError, NotFoundError
-from calor.server.graph import Edge, Reach, resonance
-from calor.server.ingest import Ingested, build_records
+from calor.server.events import Cause, memory_event
+from calor.server.graph import Edge
+from calor.server.ingest import build_records
 from calor.server.lifecycle import (
     Clocks,
     apply_boost,
-    apply_gain,
     apply_keystone,
-    apply_recall,
     current_heat,
     evolve,
     refresh_utility,
 )
 from calor.server.policy import ChannelPolicy
 from calor.server.recall import Hit, rank_channel, recall_window
-from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MemoryRecord
+from calor.server.recall_effects import recall_effects
+from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
 from calor.server.registry import ChannelRegistry
+from calor.server.results import ChannelStatus, Prepared, RecallResult, Stored
 from calor.server.store import MemoryStore, WriteBatch
 from calor.server.temporal import TimeWindow
 
@@ -44,43 +44,6 @@ __all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
 # A change applied to a copy of a record: (record, policy, clocks).
 _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
 _LIVE = frozenset({ACTIVE, COLD})
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A channel's part of a store batch: new records, its next state, confirmed elders."""
-
-    ingested: list[Ingested]
-    state: ChannelState
-    confirmed: list[MemoryRecord]
-
-
-@dataclass(frozen=True)
-class Stored:
-    """The outcome of one store: the memory, and whether this call created it."""
-
-    record: MemoryRecord
-    created: bool
-
-
-@dataclass(frozen=True)
-class RecallResult:
-    """Ranked hits and the time window the query named, if any."""
-
-    hits: list[Hit]
-    window: TimeWindow | None
-
-
-@dataclass(frozen=True)
-class ChannelStatus:
-    """Counts of a channel's memories by state and type, and its heat."""
-
-    total: int
-    by_state: dict[str, int]
-    by_type: dict[str, int]
-    channel_heat: float
-    sweeps: int = 0
-    interactions: int = 0
 
 
 class MemoryEngine:
@@ -156,7 +119,7 @@ class MemoryEngine:
                 if item.idempotency_key:
                     seen[key] = position
                 fresh.setdefault(item.channel, []).append(position)
-        prepared: dict[str, _Prepared] = {}
+        prepared: dict[str, Prepared] = {}
         with self._store.batch() as batch:
             for name, positions in fresh.items():
                 channel = self._reg.channel(name)
@@ -183,7 +146,7 @@ class MemoryEngine:
 
     def _prepare(
         self, channel: Channel, items: list[NewMemory], vectors: np.ndarray, batch: WriteBatch
-    ) -> _Prepared:
+    ) -> Prepared:
         policy = self._reg.policy(channel.name)
         now = self._clock.now()
         ingested = build_records(
@@ -192,6 +155,7 @@ class MemoryEngine:
         state = replace(channel.state, interactions=channel.state.interactions + len(items))
         for entry in ingested:
             batch.put_record(entry.record)
+            batch.append_event(memory_event("on_store", entry.record, now, entry.record.heat0))
             batch.put_vector(channel.name, entry.record.id, entry.vector)
             if entry.record.idempotency_key:
                 batch.put_idempotency(channel.name, entry.record.idempotency_key, entry.record.id)
@@ -205,7 +169,7 @@ class MemoryEngine:
                 refresh_utility(confirmed[-1], now)
                 batch.put_record(confirmed[-1])
         batch.put_channel_state(channel.name, state.to_json())
-        return _Prepared(ingested, state, confirmed)
+        return Prepared(ingested, state, confirmed)
 
     # --- recall ----------------------------------------------------------------
 
@@ -265,44 +229,20 @@ class MemoryEngine:
         """Bump the recalled memories, spread their heat, warm the channel; one batch."""
         policy = self._reg.policy(channel.name)
         clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
-        changed: dict[str, MemoryRecord] = {}
-        for hit in hits:
-            live = channel.records.get(hit.record.id)
-            if live is None:
-                continue
-            record = evolve(replace(live), policy, clocks)
-            apply_recall(record, policy, clocks)
-            refresh_utility(record, clocks.now)
-            changed[record.id] = record
-
-        def reach(memory_id: str) -> Reach | None:
-            record = channel.records.get(memory_id)
-            if record is None:
-                return None
-            record = evolve(record, policy, clocks)
-            if record.state == ARCHIVED:
-                return Reach(current_heat(record, policy, clocks), archived=True)
-            if record.state not in _LIVE:
-                return None
-            return Reach(current_heat(record, policy, clocks))
-
-        recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
-        for memory_id, gain in resonance(channel.graph, recalled, reach, policy).items():
-            record = evolve(replace(channel.records[memory_id]), policy, clocks)
-            apply_gain(record, policy, clocks, gain)
-            changed[memory_id] = record
-        state = replace(channel.state, interactions=clocks.interactions)
-        state.recalled(policy, clocks.now)
+        effects = recall_effects(channel, [h.record.id for h in hits], policy, clocks)
         with self._store.batch() as batch:
-            for record in changed.values():
+            for record in effects.changed.values():
                 batch.put_record(record)
-            batch.put_channel_state(channel.name, state.to_json())
-        channel.state = state
-        for record in changed.values():
+            for memory_id in effects.recalled:
+                record = effects.changed[memory_id]
+                batch.append_event(memory_event("on_recall", record, clocks.now, record.heat0))
+            batch.put_channel_state(channel.name, effects.state.to_json())
+        channel.state = effects.state
+        for record in effects.changed.values():
             channel.replace(record, policy, clocks, self._store)
         for hit in hits:
-            if hit.record.id in changed:
-                hit.record = replace(changed[hit.record.id])
+            if hit.record.id in effects.changed:
+                hit.record = replace(effects.changed[hit.record.id])
 
     def _migrate_due(self, channel: Channel) -> None:
         """Persist the state changes whose moment has come (COLD, cold storage, ghosts),
@@ -317,6 +257,17 @@ class MemoryEngine:
         with self._store.batch() as batch:
             for record in due:
                 batch.put_record(record)
+                if record.state == COLD and channel.records[record.id].state == ACTIVE:
+                    heat = current_heat(record, policy, clocks)
+                    batch.append_event(
+                        memory_event(
+                            "on_decay",
+                            record,
+                            clocks.now,
+                            heat,
+                            threshold=repr(policy.cold_threshold),
+                        )
+                    )
             if state is not None:
                 batch.put_channel_state(channel.name, state.to_json())
         for record in due:
@@ -377,7 +328,14 @@ class MemoryEngine:
 
     # --- changes ---------------------------------------------------------------
 
-    def _change(self, channel: str, memory_id: str, edit: _Edit) -> MemoryRecord:
+    def _change(
+        self,
+        channel: str,
+        memory_id: str,
+        edit: _Edit,
+        event: str = "",
+        cause: Cause | None = None,
+    ) -> MemoryRecord:
         live = self._reg.existing(channel, memory_id)
         policy = self._reg.policy(channel)
         with live.lock:
@@ -390,18 +348,53 @@ class MemoryEngine:
             refresh_utility(changed, clocks.now)
             with self._store.batch() as batch:
                 batch.put_record(changed)
+                if event:
+                    heat = current_heat(changed, policy, clocks)
+                    batch.append_event(memory_event(event, changed, clocks.now, heat, cause=cause))
             live.replace(changed, policy, clocks, self._store)
             return replace(changed)
 
-    def keystone(self, channel: str, memory_id: str, on: bool) -> MemoryRecord:
-        """Pin (keystone) or unpin a memory."""
-        return self._change(channel, memory_id, lambda r, p, c: apply_keystone(r, p, c, on))
+    def keystone(
+        self, channel: str, memory_id: str, on: bool, cause: Cause | None = None
+    ) -> MemoryRecord:
+        """Pin (keystone) or unpin a memory; a trigger's pin is logged as a ``pin`` event."""
+        return self._change(
+            channel,
+            memory_id,
+            lambda r, p, c: apply_keystone(r, p, c, on),
+            "pin" if cause is not None else "",
+            cause,
+        )
 
-    def boost(self, channel: str, memory_id: str, delta: float) -> MemoryRecord:
+    def boost(
+        self, channel: str, memory_id: str, delta: float, cause: Cause | None = None
+    ) -> MemoryRecord:
         """Add heat to a memory; 0 means the channel's ``boost_delta``."""
         return self._change(
-            channel, memory_id, lambda r, p, c: apply_boost(r, p, c, delta or p.boost_delta)
+            channel,
+            memory_id,
+            lambda r, p, c: apply_boost(r, p, c, delta or p.boost_delta),
+            "on_boost",
+            cause,
         )
+
+    def tag(
+        self, channel: str, memory_id: str, tags: dict[str, str], cause: Cause | None = None
+    ) -> MemoryRecord:
+        """Add tags to a memory (a trigger's ``tag`` action)."""
+
+        def add(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
+            record.tags = {**record.tags, **tags}
+
+        return self._change(channel, memory_id, add, "tag" if cause is not None else "", cause)
+
+    def deprecate(self, channel: str, memory_id: str, cause: Cause | None = None) -> MemoryRecord:
+        """Mark a memory superseded (a trigger's ``deprecate`` action)."""
+
+        def mark(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
+            record.tags = {**record.tags, "deprecated": "true"}
+
+        return self._change(channel, memory_id, mark, "deprecate", cause)
 
     def connect(self, channel: str, from_id: str, to_id: str, weight: float) -> Edge:
         """Link two memories of a channel by hand (a ``manual`` edge)."""

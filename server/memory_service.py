@@ -18,9 +18,9 @@ from calor.server.convert import (
     status_message,
     window_message,
 )
-from calor.server.engine import Stored
 from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
 from calor.server.records import MemoryRecord
+from calor.server.results import Stored
 from calor.server.rpc import abort_with, rpc_errors
 from calor.server.runtime import Runtime
 from calor.server.settings import settings_message

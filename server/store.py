@@ -9,6 +9,8 @@ Key schema (raw bytes; channel names never hold NUL):
     p:<channel>                 the channel's policy (settings) JSON
     c:<channel>                 the channel's own state JSON (heat, interactions, entropy)
     e:<channel>\\0<a>\\0<b>\\0<kind>  edge weight (a < b; edges are undirected)
+    l:<seq, 8 bytes big-endian>  EventRecord JSON: the event log, numbered at commit
+    t:, h:, d:, s:              the trigger engine's records (see calor.triggers)
 
 Every change goes through :meth:`MemoryStore.batch`, one atomic RocksDB write batch
 that is discarded if anything inside the block raises. With ``sync`` on, the
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
@@ -28,9 +30,10 @@ import numpy as np
 import rocksdict
 
 from calor.server.errors import StoreMismatchError, UnavailableError
+from calor.server.events import EventRecord
 from calor.server.records import MemoryRecord
 
-__all__ = ["SCHEMA_VERSION", "MemoryStore", "WriteBatch"]
+__all__ = ["SCHEMA_VERSION", "MemoryStore", "WriteBatch", "event_key"]
 
 SCHEMA_VERSION = 1
 _META = b"meta:schema"
@@ -46,12 +49,30 @@ def _edge_key(channel: str, a: str, b: str, kind: str) -> bytes:
     return b"e:" + _SEP.join(part.encode() for part in (channel, low, high, kind))
 
 
+def event_key(seq: int) -> bytes:
+    """The log key of an event: sequence numbers sort as keys."""
+    return b"l:" + seq.to_bytes(8, "big")
+
+
 class WriteBatch:
     """Changes gathered for one atomic write; build it with :meth:`MemoryStore.batch`."""
 
     def __init__(self) -> None:
         self._batch = rocksdict.WriteBatch(raw_mode=True)
         self.records: list[MemoryRecord] = []
+        self.events: list[EventRecord] = []
+
+    def append_event(self, event: EventRecord) -> None:
+        """Log an event with this batch; it gets its sequence number at commit."""
+        self.events.append(event)
+
+    def put_raw(self, key: bytes, value: bytes) -> None:
+        """Write a key owned by another component (the trigger engine)."""
+        self._batch.put(key, value)
+
+    def delete_raw(self, key: bytes) -> None:
+        """Drop a key owned by another component."""
+        self._batch.delete(key)
 
     def put_record(self, record: MemoryRecord) -> None:
         """Write (or overwrite) a memory record."""
@@ -99,6 +120,23 @@ class MemoryStore:
         self._write_options.sync = sync
         self._closed = False
         self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+        self.last_seq = self._find_last_seq()
+        self._listeners: list[Callable[[list[EventRecord]], None]] = []
+
+    def _find_last_seq(self) -> int:
+        for key, _ in self._db.items(backwards=True, from_key=b"l;"):
+            raw_key = cast(bytes, key)
+            return int.from_bytes(raw_key[2:], "big") if raw_key.startswith(b"l:") else 0
+        return 0
+
+    def on_commit(self, listener: Callable[[list[EventRecord]], None]) -> None:
+        """Call ``listener`` with the numbered events of each commit, in commit order.
+
+        It runs in the committing thread while commits are held, so it must be quick
+        (hand the events to an event loop, for example).
+        """
+        self._listeners.append(listener)
 
     @classmethod
     def open(cls, path: Path, *, model_id: str, dim: int, sync: bool = True) -> MemoryStore:
@@ -135,7 +173,15 @@ class MemoryStore:
         batch = WriteBatch()
         yield batch
         self._check_open()
-        self._db.write(batch._batch, self._write_options)
+        with self._commit_lock:
+            events = [e.with_seq(self.last_seq + n) for n, e in enumerate(batch.events, 1)]
+            for event in events:
+                batch._batch.put(event_key(event.seq), event.to_json())
+            self._db.write(batch._batch, self._write_options)
+            if events:
+                self.last_seq = events[-1].seq
+                for listener in self._listeners:
+                    listener(events)
 
     def get(self, channel: str, memory_id: str) -> MemoryRecord | None:
         """The record of one memory, or None."""
@@ -183,9 +229,39 @@ class MemoryStore:
             channel, _, memory_id = key[2:].partition(_SEP)
             yield channel.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
 
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def events_after(self, seq: int, limit: int = 1000) -> list[EventRecord]:
+        """Logged events with a sequence number above ``seq``, oldest first."""
+        found: list[EventRecord] = []
+        for _, value in self._scan(b"l:", start=event_key(seq + 1)):
+            found.append(EventRecord.from_json(value))
+            if len(found) >= limit:
+                break
+        return found
+
+    def first_seq(self) -> int:
+        """The oldest sequence number the log still holds (0 when empty)."""
+        for key, _ in self._scan(b"l:"):
+            return int.from_bytes(key[2:], "big")
+        return 0
+
+    def trim_events(self, keep_after: int) -> None:
+        """Drop logged events numbered up to ``keep_after`` (retention)."""
         self._check_open()
-        for key, value in self._db.items(from_key=prefix):
+        self._db.delete_range(event_key(0), event_key(keep_after + 1))
+
+    def get_raw(self, key: bytes) -> bytes | None:
+        """A key owned by another component."""
+        self._check_open()
+        value = self._db.get(key)
+        return None if value is None else cast(bytes, value)
+
+    def scan_raw(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every key under a prefix owned by another component, in key order."""
+        return self._scan(prefix)
+
+    def _scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        self._check_open()
+        for key, value in self._db.items(from_key=start or prefix):
             raw_key = cast(bytes, key)
             if not raw_key.startswith(prefix):
                 break

@@ -1,0 +1,104 @@
+"""Memory events as records: what happened, to which memory, in which channel, and when.
+
+Events are written to RocksDB in the same atomic batch as the change they report,
+each with a per-server sequence number given at commit, so the log never holds an
+event for a change that did not happen, nor misses one that did.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from calor.server.records import MemoryRecord
+
+__all__ = ["EVENT_KINDS", "Cause", "EventRecord", "memory_event"]
+
+EVENT_KINDS = (
+    "on_store",
+    "on_recall",
+    "on_boost",
+    "on_decay",
+    "notify",
+    "dream",
+    "pin",
+    "tag",
+    "deprecate",
+    "webhook",
+    "chain",
+)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One logged event. ``seq`` is 0 until the event is committed."""
+
+    kind: str
+    channel: str
+    at: float
+    memory_id: str = ""
+    trigger_id: str = ""
+    message: str = ""
+    payload: dict[str, str] = field(default_factory=dict)
+    seq: int = 0
+
+    def with_seq(self, seq: int) -> EventRecord:
+        """The same event, numbered."""
+        return replace(self, seq=seq)
+
+    def to_json(self) -> bytes:
+        """The event as JSON, for the log."""
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> EventRecord:
+        """An event from :meth:`to_json`."""
+        raw: dict[str, Any] = json.loads(data)
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a change happened when a trigger made it: the trigger, and the chain of
+    triggers that led to it (for depth limits and cycle detection)."""
+
+    trigger_id: str
+    chain: tuple[str, ...] = ()
+
+    @property
+    def depth(self) -> int:
+        """How many triggers deep this change is."""
+        return len(self.chain)
+
+    def payload(self) -> dict[str, str]:
+        """The event payload fields that carry the cause."""
+        return {"chain": ",".join(self.chain), "depth": str(self.depth)}
+
+    @classmethod
+    def of(cls, event: EventRecord) -> tuple[str, ...]:
+        """The chain of triggers behind an event (empty for a user's own action)."""
+        chain = event.payload.get("chain", "")
+        return tuple(chain.split(",")) if chain else ()
+
+
+def memory_event(
+    kind: str,
+    record: MemoryRecord,
+    at: float,
+    heat: float,
+    cause: Cause | None = None,
+    **extra: str,
+) -> EventRecord:
+    """The event a change to a memory logs, with its type and heat in the payload."""
+    payload = {"memory_type": record.memory_type, "heat": f"{heat:.6f}", **extra}
+    if cause is not None:
+        payload.update(cause.payload())
+    return EventRecord(
+        kind=kind,
+        channel=record.channel,
+        at=at,
+        memory_id=record.id,
+        trigger_id=cause.trigger_id if cause is not None else "",
+        payload=payload,
+    )

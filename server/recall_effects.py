@@ -1,0 +1,70 @@
+"""What a recall does to a channel (DESIGN §3): bumps, resonance along the graph, channel heat.
+
+Computed on copies, without writing: the engine persists the outcome in one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from calor.server.channel import Channel
+from calor.server.channel_state import ChannelState
+from calor.server.graph import Reach, resonance
+from calor.server.lifecycle import (
+    Clocks,
+    apply_gain,
+    apply_recall,
+    current_heat,
+    evolve,
+    refresh_utility,
+)
+from calor.server.policy import ChannelPolicy
+from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
+
+__all__ = ["RecallEffects", "recall_effects"]
+
+_LIVE = frozenset({ACTIVE, COLD})
+
+
+@dataclass(frozen=True)
+class RecallEffects:
+    """The records a recall changed (recalled and resonating), and the channel's next state."""
+
+    recalled: list[str]
+    changed: dict[str, MemoryRecord]
+    state: ChannelState
+
+
+def recall_effects(
+    channel: Channel, memory_ids: list[str], policy: ChannelPolicy, clocks: Clocks
+) -> RecallEffects:
+    """Recall the given memories of a channel as of ``clocks``."""
+    changed: dict[str, MemoryRecord] = {}
+    for memory_id in memory_ids:
+        live = channel.records.get(memory_id)
+        if live is None:
+            continue
+        record = evolve(replace(live), policy, clocks)
+        apply_recall(record, policy, clocks)
+        refresh_utility(record, clocks.now)
+        changed[record.id] = record
+
+    def reach(memory_id: str) -> Reach | None:
+        known = channel.records.get(memory_id)
+        if known is None:
+            return None
+        record = evolve(known, policy, clocks)
+        if record.state == ARCHIVED:
+            return Reach(current_heat(record, policy, clocks), archived=True)
+        if record.state not in _LIVE:
+            return None
+        return Reach(current_heat(record, policy, clocks))
+
+    recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
+    for memory_id, gain in resonance(channel.graph, recalled, reach, policy).items():
+        record = evolve(replace(channel.records[memory_id]), policy, clocks)
+        apply_gain(record, policy, clocks, gain)
+        changed[memory_id] = record
+    state = replace(channel.state, interactions=clocks.interactions)
+    state.recalled(policy, clocks.now)
+    return RecallEffects(list(recalled), changed, state)

@@ -1,0 +1,50 @@
+"""What the engine's operations answer: stored memories, ranked hits, channel counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calor.server.channel_state import ChannelState
+from calor.server.ingest import Ingested
+from calor.server.recall import Hit
+from calor.server.records import MemoryRecord
+from calor.server.temporal import TimeWindow
+
+__all__ = ["ChannelStatus", "Prepared", "RecallResult", "Stored"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A channel's part of a store batch: new records, its next state, confirmed elders."""
+
+    ingested: list[Ingested]
+    state: ChannelState
+    confirmed: list[MemoryRecord]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The outcome of one store: the memory, and whether this call created it."""
+
+    record: MemoryRecord
+    created: bool
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    """Ranked hits and the time window the query named, if any."""
+
+    hits: list[Hit]
+    window: TimeWindow | None
+
+
+@dataclass(frozen=True)
+class ChannelStatus:
+    """Counts of a channel's memories by state and type, and its heat."""
+
+    total: int
+    by_state: dict[str, int]
+    by_type: dict[str, int]
+    channel_heat: float
+    sweeps: int = 0
+    interactions: int = 0
