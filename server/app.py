@@ -27,11 +27,16 @@ from calor.server.policy import ChannelPolicy
 from calor.server.runtime import Runtime
 from calor.server.settings_service import SettingsServicer
 from calor.server.store import MemoryStore
+from calor.triggers.engine import TriggerEngine
+from calor.triggers.trigger_service import TriggerServicer
+from calor.triggers.webhook import WebhookPolicy
 from calor.v1 import (
     memory_service_pb2,
     memory_service_pb2_grpc,
     settings_service_pb2,
     settings_service_pb2_grpc,
+    trigger_service_pb2,
+    trigger_service_pb2_grpc,
 )
 
 __all__ = ["CalorServer", "serve"]
@@ -41,6 +46,7 @@ log = logging.getLogger("calor.server")
 _SERVICE_NAMES = (
     memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
     settings_service_pb2.DESCRIPTOR.services_by_name["SettingsService"].full_name,
+    trigger_service_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name,
 )
 
 
@@ -67,6 +73,7 @@ class CalorServer:
         self._store: MemoryStore | None = None
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
+        self._triggers: TriggerEngine | None = None
 
     async def start(self) -> int:
         """Bind the port and begin loading; returns the bound port."""
@@ -79,6 +86,9 @@ class CalorServer:
         )
         memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
             MemoryServicer(self.runtime), server
+        )
+        trigger_service_pb2_grpc.add_TriggerServiceServicer_to_server(
+            TriggerServicer(self.runtime), server
         )
         settings_service_pb2_grpc.add_SettingsServiceServicer_to_server(
             SettingsServicer(self.runtime), server
@@ -119,7 +129,18 @@ class CalorServer:
             None, MemoryEngine.open, store, self.clock, ChannelPolicy()
         )
         self._embeddings = EmbeddingQueue(embedder)
-        self.runtime.attach(engine, self._embeddings)
+        triggers = TriggerEngine(
+            store,
+            engine,
+            self.clock,
+            self.runtime.run,
+            WebhookPolicy(allowed_hosts=frozenset(h.lower() for h in self.config.webhook_allow)),
+            retention_events=self.config.event_retention,
+            queue_size=self.config.subscriber_queue,
+        )
+        await triggers.start()
+        self._triggers = triggers
+        self.runtime.attach(engine, self._embeddings, triggers)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir
@@ -139,6 +160,8 @@ class CalorServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
+        if self._triggers is not None:
+            await self._triggers.stop()  # subscriptions end with a status naming their resume point
         if self._server is not None:
             await self._server.stop(self.config.grace_seconds if grace is None else grace)
         if self._embeddings is not None:

@@ -51,6 +51,9 @@ class ServerConfig:
         model_threads: onnxruntime intra-op threads.
         workers: Threads for blocking store and index work.
         limits: Request caps.
+        webhook_allow: Hosts trigger webhooks may reach; any other is refused.
+        event_retention: Most events the log keeps (older ones are trimmed).
+        subscriber_queue: Events a subscriber may fall behind before its stream ends.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -62,3 +65,6 @@ class ServerConfig:
     model_threads: int = 2
     workers: int = 4
     limits: Limits = field(default_factory=Limits)
+    webhook_allow: tuple[str, ...] = ()
+    event_retention: int = 1_000_000
+    subscriber_queue: int = 1024

@@ -19,13 +19,14 @@ from calor.server.channel import Channel
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
 from calor.server.errors import InvalidArgumentError, NotFoundError
-from calor.server.events import Cause, memory_event
+from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.graph import Edge
 from calor.server.ingest import build_records
 from calor.server.lifecycle import (
     Clocks,
     apply_boost,
     apply_keystone,
+    crossing_at,
     current_heat,
     evolve,
     refresh_utility,
@@ -233,9 +234,12 @@ class MemoryEngine:
         with self._store.batch() as batch:
             for record in effects.changed.values():
                 batch.put_record(record)
+            warmed = ",".join(sorted(set(effects.changed) - set(effects.recalled)))
             for memory_id in effects.recalled:
                 record = effects.changed[memory_id]
-                batch.append_event(memory_event("on_recall", record, clocks.now, record.heat0))
+                batch.append_event(
+                    memory_event("on_recall", record, clocks.now, record.heat0, resonated=warmed)
+                )
             batch.put_channel_state(channel.name, effects.state.to_json())
         channel.state = effects.state
         for record in effects.changed.values():
@@ -325,6 +329,51 @@ class MemoryEngine:
         types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
         return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
+
+    def decay_crossing(
+        self, channel: str, memory_id: str, threshold: float | None
+    ) -> tuple[float, float, float] | None:
+        """When a memory's heat will cross below ``threshold`` (default: the cold threshold).
+
+        Returns (moment, t0 of the heat trajectory, heat now), or None when no crossing
+        lies ahead on the wall clock.
+        """
+        live = self._reg.find(channel)
+        if live is None:
+            return None
+        policy = self._reg.policy(channel)
+        with live.lock:
+            record = live.records.get(memory_id)
+            if record is None:
+                return None
+            clocks = self._reg.clocks(live)
+            record = evolve(record, policy, clocks)
+            level = policy.cold_threshold if threshold is None else threshold
+            moment = crossing_at(record, policy, level)
+            if moment is None:
+                return None
+            return moment, record.t0, current_heat(record, policy, clocks)
+
+    def memory_ids(self, channel: str) -> list[str]:
+        """Every memory id of a channel (tombstones included), in id order."""
+        live = self._reg.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return list(live.ids_after(""))
+
+    def neighbours(self, channel: str, memory_id: str) -> list[str]:
+        """The memories linked to one memory."""
+        live = self._reg.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return sorted(live.graph.neighbours(memory_id))
+
+    def log(self, event: EventRecord) -> None:
+        """Append an event that changes no memory (a notification, a webhook outcome)."""
+        with self._store.batch() as batch:
+            batch.append_event(event)
 
     # --- changes ---------------------------------------------------------------
 

@@ -3,6 +3,7 @@
     CalorError
     ├── InvalidArgumentError      INVALID_ARGUMENT   bad input; nothing changed
     ├── NotFoundError             NOT_FOUND          no such memory / trigger in this channel
+    ├── AlreadyExistsError        ALREADY_EXISTS     a trigger with that id exists
     ├── PermissionDeniedError     PERMISSION_DENIED  the caller may not use that channel
     ├── ResourceExhaustedError    RESOURCE_EXHAUSTED a gate or overload; may carry a retry delay
     ├── FailedPreconditionError   FAILED_PRECONDITION the request does not fit the current state
@@ -20,6 +21,7 @@ from __future__ import annotations
 import grpc
 
 __all__ = [
+    "AlreadyExistsError",
     "CalorError",
     "FailedPreconditionError",
     "InvalidArgumentError",
@@ -53,6 +55,12 @@ class NotFoundError(CalorError):
     """The named memory or trigger does not exist in the caller's channel."""
 
     code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExistsError(CalorError):
+    """Something with the requested name exists already."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
 
 
 class PermissionDeniedError(CalorError):

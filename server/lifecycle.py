@@ -17,6 +17,7 @@ from calor.server.utility import utility
 
 __all__ = [
     "Clocks",
+    "crossing_at",
     "apply_boost",
     "apply_gain",
     "apply_keystone",
@@ -222,3 +223,20 @@ def next_change_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
         half_life = effective_half_life(profile, record.stability, record.source)
         moments.append(record.t0 + seconds_until(policy.survival_gate, record.heat0, half_life))
     return min(moments)
+
+
+def crossing_at(record: MemoryRecord, policy: ChannelPolicy, level: float) -> float | None:
+    """When the memory's heat falls below ``level`` if nothing touches it.
+
+    ``None`` when it never will on the wall clock: a keystone, a floor at or above the
+    level, heat already at or below it, or a channel whose decay runs on interactions.
+    """
+    profile = policy.profile(record.memory_type)
+    if record.keystone or profile.floor >= level or record.state not in _LIVE:
+        return None
+    if record.heat0 <= level or policy.decay_mode == "interaction":
+        return None
+    half_life = effective_half_life(profile, record.stability, record.source)
+    if policy.decay_mode == "hybrid":
+        half_life *= 1.0 + record.utility
+    return record.t0 + seconds_until(level, record.heat0, half_life)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from calor.server.clock import Clock
 from calor.server.config import ServerConfig
@@ -13,6 +13,9 @@ from calor.server.embedding import EmbeddingQueue
 from calor.server.engine import MemoryEngine
 from calor.server.errors import UnavailableError
 from calor.server.validation import Validator
+
+if TYPE_CHECKING:
+    from calor.triggers.engine import TriggerEngine
 
 __all__ = ["Runtime"]
 
@@ -31,12 +34,16 @@ class Runtime:
         )
         self.inflight = 0
         self._engine: MemoryEngine | None = None
+        self._triggers: TriggerEngine | None = None
         self._embeddings: EmbeddingQueue | None = None
 
-    def attach(self, engine: MemoryEngine, embeddings: EmbeddingQueue) -> None:
-        """Make the loaded engine and model available; the server is ready from now."""
+    def attach(
+        self, engine: MemoryEngine, embeddings: EmbeddingQueue, triggers: TriggerEngine
+    ) -> None:
+        """Make the loaded engines and model available; the server is ready from now."""
         self._engine = engine
         self._embeddings = embeddings
+        self._triggers = triggers
 
     @property
     def ready(self) -> bool:
@@ -49,6 +56,13 @@ class Runtime:
         if self._engine is None:
             raise UnavailableError("the server is starting: the model and indexes are loading")
         return self._engine
+
+    @property
+    def triggers(self) -> TriggerEngine:
+        """The trigger engine; UNAVAILABLE while the server is still starting."""
+        if self._triggers is None:
+            raise UnavailableError("the server is starting: the model and indexes are loading")
+        return self._triggers
 
     @property
     def embeddings(self) -> EmbeddingQueue:

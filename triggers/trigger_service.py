@@ -1,0 +1,209 @@
+"""TriggerService: thin async servicers over the trigger engine, and the Subscribe stream."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from calor.server.errors import (
+    AlreadyExistsError,
+    CalorError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+from calor.server.events import EventRecord
+from calor.server.ids import new_id
+from calor.server.rpc import abort_with, rpc_errors
+from calor.server.runtime import Runtime
+from calor.triggers.actions import describe
+from calor.triggers.engine import TriggerEngine
+from calor.triggers.registry import Firing
+from calor.triggers.rules import EVENTS, rule_from_message, rule_message
+from calor.triggers.subscriptions import EventFilter
+from calor.v1 import trigger_service_pb2 as tpb
+from calor.v1 import trigger_service_pb2_grpc
+
+__all__ = ["TriggerServicer", "event_message"]
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+_KIND_PREFIX = "EVENT_KIND_"
+_MAX_PAGE = 1000
+_TRIGGER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+def event_message(event: EventRecord) -> tpb.Event:
+    """The API view of a logged event."""
+    return tpb.Event(
+        seq=event.seq,
+        kind=tpb.EventKind.Value(_KIND_PREFIX + event.kind.upper()),
+        channel=event.channel,
+        memory_id=event.memory_id,
+        trigger_id=event.trigger_id,
+        at=_timestamp(event.at),
+        message=event.message,
+        payload=event.payload,
+    )
+
+
+def _kind_name(value: int, field: str) -> str:
+    try:
+        name: str = tpb.EventKind.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise InvalidArgumentError(f"{field}: unknown event kind {value}") from None
+    if value == tpb.EVENT_KIND_UNSPECIFIED:
+        raise InvalidArgumentError(f"{field}: EVENT_KIND_UNSPECIFIED is not an event kind")
+    return name.removeprefix(_KIND_PREFIX).lower()
+
+
+def _page(token: str, size: int, field: str = "page_token") -> tuple[str, int]:
+    if size < 0 or size > _MAX_PAGE:
+        raise InvalidArgumentError(f"page_size: {size} is outside 0..{_MAX_PAGE}")
+    if not token:
+        return "", size or 100
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode(), size or 100
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgumentError(f"{field}: not a token this server issued") from None
+
+
+def _token(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode()
+
+
+class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
+    """The gRPC face of the trigger engine."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def _triggers(self) -> TriggerEngine:
+        return self._rt.triggers
+
+    @rpc_errors
+    async def CreateTrigger(
+        self, request: tpb.CreateTriggerRequest, context: _Context
+    ) -> tpb.CreateTriggerResponse:
+        engine = self._triggers()
+        trigger_id = request.trigger.id or new_id()
+        if not _TRIGGER_ID.match(trigger_id):
+            raise InvalidArgumentError(
+                "trigger.id: 1-64 letters, digits or _.:- (or leave it empty for a new id)"
+            )
+        if engine.registry.get(trigger_id) is not None:
+            raise AlreadyExistsError(f"trigger {trigger_id} already exists")
+        rule = rule_from_message(
+            request.trigger,
+            trigger_id=trigger_id,
+            now=self._rt.clock.now(),
+            validate_channel=self._rt.validator.channel,
+        )
+        await self._rt.run(engine.registry.add, rule)
+        if rule.event == "on_decay":
+            await engine.scheduler.add_rule(rule)
+        return tpb.CreateTriggerResponse(trigger=rule_message(rule, 0))
+
+    @rpc_errors
+    async def ListTriggers(
+        self, request: tpb.ListTriggersRequest, context: _Context
+    ) -> tpb.ListTriggersResponse:
+        engine = self._triggers()
+        after, size = _page(request.page_token, request.page_size)
+        channel = self._rt.validator.channel(request.channel) if request.channel else None
+        rules = [r for r in engine.registry.rules(channel=channel) if r.id > after]
+        page = rules[:size]
+        more = len(rules) > size
+        return tpb.ListTriggersResponse(
+            triggers=[rule_message(r, engine.registry.fires(r.id)) for r in page],
+            next_page_token=_token(page[-1].id) if more and page else "",
+        )
+
+    @rpc_errors
+    async def DeleteTrigger(
+        self, request: tpb.DeleteTriggerRequest, context: _Context
+    ) -> tpb.DeleteTriggerResponse:
+        if not request.id:
+            raise InvalidArgumentError("id: a trigger id is required")
+        deleted = await self._rt.run(self._triggers().registry.remove, request.id)
+        if not deleted:
+            raise NotFoundError(f"no trigger {request.id}")
+        return tpb.DeleteTriggerResponse(deleted=True)
+
+    @rpc_errors
+    async def TriggerHistory(
+        self, request: tpb.TriggerHistoryRequest, context: _Context
+    ) -> tpb.TriggerHistoryResponse:
+        if not request.trigger_id:
+            raise InvalidArgumentError("trigger_id: a trigger id is required")
+        after, size = _page(request.page_token, request.page_size)
+        start = int(after) if after else 0
+        registry = self._triggers().registry
+        firings: list[Firing] = await self._rt.run(
+            lambda: list(registry.history(request.trigger_id))
+        )
+        rest = firings[start:]
+        page = rest[:size]
+        return tpb.TriggerHistoryResponse(
+            firings=[
+                tpb.TriggerFiring(
+                    trigger_id=f.trigger_id,
+                    memory_id=f.memory_id,
+                    at=_timestamp(f.at),
+                    outcome=f.outcome,
+                    seq=f.seq,
+                    late=f.late,
+                )
+                for f in page
+            ],
+            next_page_token=_token(str(start + size)) if len(rest) > size else "",
+        )
+
+    @rpc_errors
+    async def EvaluateTriggers(
+        self, request: tpb.EvaluateTriggersRequest, context: _Context
+    ) -> tpb.EvaluateTriggersResponse:
+        channel = self._rt.validator.channel(request.channel)
+        kind = _kind_name(request.event, "event")
+        if kind not in EVENTS:
+            raise InvalidArgumentError(f"event: {kind} is not a trigger event")
+        memory_id = self._rt.validator.memory_id(request.memory_id, "memory_id")
+        engine = self._triggers()
+        rules = await engine.would_fire(channel, kind, memory_id)
+        return tpb.EvaluateTriggersResponse(
+            matches=[
+                tpb.TriggerMatch(
+                    trigger=rule_message(r, engine.registry.fires(r.id)), would=describe(r)
+                )
+                for r in rules
+            ]
+        )
+
+    async def Subscribe(
+        self, request: tpb.SubscribeRequest, context: _Context
+    ) -> AsyncIterator[tpb.SubscribeResponse]:
+        """Logged events after ``after_seq`` that pass the filter, then live ones."""
+        last = request.after_seq
+        try:
+            wanted = EventFilter(
+                channels=frozenset(
+                    self._rt.validator.channel(c, "channels") for c in request.channels
+                ),
+                kinds=frozenset(_kind_name(k, "kinds") for k in request.kinds),
+                trigger_ids=frozenset(request.trigger_ids),
+            )
+            async for event in self._triggers().hub.subscribe(wanted, request.after_seq):
+                yield tpb.SubscribeResponse(event=event_message(event))
+                last = event.seq
+        except CalorError as error:
+            context.set_trailing_metadata((("calor-last-seq", str(last)),))
+            await abort_with(context, error)
