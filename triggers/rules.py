@@ -7,7 +7,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
@@ -112,22 +112,7 @@ class TriggerRule:
 
     def to_json(self) -> bytes:
         """The rule as compact UTF-8 JSON, for storage."""
-        raw: dict[str, Any] = {
-            "id": self.id,
-            "channel": self.channel,
-            "event": self.event,
-            "action": self.action,
-            "config": dict(self.config),
-            "filter_memory_type": self.filter_memory_type,
-            "filter_pattern": self.filter_pattern,
-            "filter_heat_above": self.filter_heat_above,
-            "filter_heat_below": self.filter_heat_below,
-            "max_fires": self.max_fires,
-            "cooldown_seconds": self.cooldown_seconds,
-            "threshold": self.threshold,
-            "created_at": self.created_at,
-        }
-        return json.dumps(raw, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> TriggerRule:

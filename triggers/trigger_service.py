@@ -205,5 +205,4 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 yield tpb.SubscribeResponse(event=event_message(event))
                 last = event.seq
         except CalorError as error:
-            context.set_trailing_metadata((("calor-last-seq", str(last)),))
-            await abort_with(context, error)
+            await abort_with(context, error, (("calor-last-seq", str(last)),))
