@@ -16,6 +16,9 @@ import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 
+from calor.models.embedder import OnnxEmbedder
+from calor.server.clock import ManualClock
+from calor.server.config import ServerConfig
 from calor.server.events import EventRecord
 from calor.triggers.webhook import verify_signature
 from calor.v1 import memory_pb2
@@ -322,3 +325,41 @@ def test_a_stalled_subscriber_is_cut_off_bounded_and_resumes_with_everything(
                 break
         rest.cancel()
     assert seqs == list(range(first + 1, first + 1 + total))
+
+
+def test_decay_crossings_missed_while_down_fire_late_after_restart(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    clock = ManualClock(1_780_000_000.0)
+    config = ServerConfig(data_dir=tmp_path, port=0)
+    first = ServerThread(config, clock, lambda: embedder)
+    with grpc.insecure_channel(first.target) as channel:
+        rule = create(
+            TriggerServiceStub(channel),
+            channel="late",
+            event=tpb.EVENT_KIND_ON_DECAY,
+            action=tpb.ACTION_KIND_NOTIFY,
+            threshold=0.5,
+        )
+        memory = store(
+            MemoryServiceStub(channel), "late", "Fades while we are away.", memory_type=EPISODIC
+        )
+        time.sleep(1.5)  # the scheduler notes how far it has looked
+    first.stop()
+    clock.advance(2 * 86_400.0)  # the crossing (one half-life) falls while the server is down
+    second = ServerThread(config, clock, lambda: embedder)
+    try:
+        with grpc.insecure_channel(second.target) as channel:
+            stub = TriggerServiceStub(channel)
+            listener = Listener(stub, tpb.SubscribeRequest(channels=["late"], kinds=[NOTIFY]))
+            event = listener.take(1)[0]
+            listener.close()
+            history = stub.TriggerHistory(tpb.TriggerHistoryRequest(trigger_id=rule.id)).firings
+    finally:
+        second.stop()
+    assert (event.trigger_id, event.memory_id, event.payload["late"]) == (
+        rule.id,
+        memory.id,
+        "true",
+    )
+    assert [(f.memory_id, f.late) for f in history] == [(memory.id, True)]
