@@ -81,6 +81,8 @@ class CalorServer:
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 60_000),
+                ("grpc.keepalive_timeout_ms", 20_000),
+                ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ]
         )
@@ -136,6 +138,7 @@ class CalorServer:
             self.runtime.run,
             WebhookPolicy(allowed_hosts=frozenset(h.lower() for h in self.config.webhook_allow)),
             retention_events=self.config.event_retention,
+            retention_seconds=self.config.event_retention_seconds,
             queue_size=self.config.subscriber_queue,
         )
         await triggers.start()

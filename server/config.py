@@ -53,6 +53,7 @@ class ServerConfig:
         limits: Request caps.
         webhook_allow: Hosts trigger webhooks may reach; any other is refused.
         event_retention: Most events the log keeps (older ones are trimmed).
+        event_retention_seconds: Oldest events the log keeps, by age.
         subscriber_queue: Events a subscriber may fall behind before its stream ends.
     """
 
@@ -67,4 +68,5 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     webhook_allow: tuple[str, ...] = ()
     event_retention: int = 1_000_000
+    event_retention_seconds: float = 7 * 86_400.0
     subscriber_queue: int = 1024

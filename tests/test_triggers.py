@@ -363,3 +363,22 @@ def test_decay_crossings_missed_while_down_fire_late_after_restart(
         "true",
     )
     assert [(f.memory_id, f.late) for f in history] == [(memory.id, True)]
+
+
+def test_the_log_keeps_what_retention_allows(
+    start_server: Callable[..., ServerThread],
+) -> None:
+    server = start_server(event_retention=5)
+    with grpc.insecure_channel(server.target) as channel:
+        MemoryServiceStub(channel).StoreStream(
+            iter(
+                pb.StoreStreamRequest(store=pb.StoreRequest(channel="keep", text=f"Row {n}."))
+                for n in range(12)
+            )
+        )
+        listener = Listener(TriggerServiceStub(channel), tpb.SubscribeRequest(after_seq=0))
+        replayed = listener.take(5)
+        time.sleep(0.3)
+        listener.close()
+    assert [e.seq for e in replayed] == list(range(8, 13))
+    assert listener.events.empty()

@@ -48,6 +48,7 @@ class TriggerEngine:
         webhooks: WebhookPolicy,
         retention_events: int = 1_000_000,
         queue_size: int = 1024,
+        retention_seconds: float = 7 * 86_400.0,
     ) -> None:
         self._store = store
         self._memories = memories
@@ -55,6 +56,7 @@ class TriggerEngine:
         self._run = run
         self._webhooks = webhooks
         self._retention = retention_events
+        self._retention_seconds = retention_seconds
         self.registry = TriggerRegistry(store)
         self.hub = SubscriptionHub(lambda seq, n: run(store.events_after, seq, n), queue_size)
         self.scheduler = DecayScheduler(memories, self.registry, clock, run, self._fire_decay)
@@ -109,9 +111,22 @@ class TriggerEngine:
     def _save_cursor(self, seq: int) -> None:
         with self._store.batch() as batch:
             batch.put_raw(_CURSOR, str(seq).encode())
+        self._trim(seq)
+
+    def _trim(self, cursor: int) -> None:
+        """Retention: keep at most ``retention_events`` events, none older than
+        ``retention_seconds``, and never drop one the dispatcher has not handled."""
         first = self._store.first_seq()
-        if first and seq - first > self._retention:
-            self._store.trim_events(seq - self._retention)
+        if not first:
+            return
+        keep_after = max(0, cursor - self._retention)
+        cutoff = self._clock.now() - self._retention_seconds
+        for event in self._store.events_after(max(first - 1, keep_after), 4096):
+            if event.at >= cutoff or event.seq > cursor:
+                break
+            keep_after = event.seq
+        if keep_after >= first:
+            self._store.trim_events(keep_after)
 
     async def _handle(self, event: EventRecord) -> None:
         try:
