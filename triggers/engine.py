@@ -121,10 +121,15 @@ class TriggerEngine:
             return
         keep_after = max(0, cursor - self._retention)
         cutoff = self._clock.now() - self._retention_seconds
-        for event in self._store.events_after(max(first - 1, keep_after), 4096):
-            if event.at >= cutoff or event.seq > cursor:
+        page = 1  # the oldest event is usually young enough: look at it alone first
+        while keep_after < cursor:
+            events = self._store.events_after(max(first - 1, keep_after), page)
+            old = [e for e in events if e.at < cutoff and e.seq <= cursor]
+            if old:
+                keep_after = old[-1].seq
+            if len(old) < len(events) or not events:
                 break
-            keep_after = event.seq
+            page = 256
         if keep_after >= first:
             self._store.trim_events(keep_after)
 
