@@ -13,7 +13,7 @@ import numpy as np
 
 from calor.server.lexical import LexicalIndex
 
-__all__ = ["ChannelIndex"]
+__all__ = ["ChannelIndex", "ScratchIndex"]
 
 
 class ChannelIndex:
@@ -100,3 +100,29 @@ class ChannelIndex:
             return np.empty(0, dtype=np.float32)
         matrix = self._vectors.reconstruct_batch(label_array)
         return np.asarray(matrix @ query.astype(np.float32), dtype=np.float32)
+
+
+class ScratchIndex:
+    """A throwaway exact index over the earlier items of one store batch, so later items
+    can link to them before anything of the batch is committed to the channel."""
+
+    def __init__(self, dim: int) -> None:
+        self._vectors = faiss.IndexFlatIP(dim)
+        self._ids: list[str] = []
+
+    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        """Add embeddings (one row per id)."""
+        if ids:
+            self._vectors.add(np.ascontiguousarray(vectors, dtype=np.float32))
+            self._ids.extend(ids)
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[float, str]]]:
+        """The ``k`` nearest earlier items of each query row, as (similarity, id)."""
+        k = min(k, len(self._ids))
+        if k <= 0:
+            return [[] for _ in range(queries.shape[0])]
+        sims, rows = self._vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        return [
+            [(float(s), self._ids[r]) for s, r in zip(sim_row, id_row, strict=True) if r >= 0]
+            for sim_row, id_row in zip(sims, rows, strict=True)
+        ]

@@ -18,7 +18,7 @@ from calor.server.commands import NewMemory
 from calor.server.graph import Edge
 from calor.server.heat import SOURCE_TRUST
 from calor.server.ids import new_id
-from calor.server.index import ChannelIndex
+from calor.server.index import ChannelIndex, ScratchIndex
 from calor.server.policy import ChannelPolicy
 from calor.server.records import MemoryRecord
 from calor.server.utility import utility
@@ -29,6 +29,9 @@ NEAR_DUPLICATE = 0.95
 NOVELTY_NEIGHBOURS = 5
 NOVELTY_BONUS = 0.3
 NEAR_DUPLICATE_PENALTY = 0.2
+# Items of a batch are linked a chunk at a time: exact search over the channel, over the
+# batch's earlier chunks, and within the chunk, never an all-pairs matrix of the batch.
+_CHUNK = 64
 # Cosine of the nearest memory at or above which a memory earns no novelty bonus,
 # and at or below which it earns all of it.
 _FAMILIAR, _NOVEL = 0.85, 0.50
@@ -83,19 +86,36 @@ def build_records(
     same way as the same memories stored one by one.
     """
     k = max(NOVELTY_NEIGHBOURS, policy.semantic_link_max)
-    sims, labels = hood.index.search_many(vectors, k)
-    batch_sims = vectors @ vectors.T
+    earlier = ScratchIndex(vectors.shape[1])
     out: list[Ingested] = []
-    for row, (item, vector) in enumerate(zip(items, vectors, strict=True)):
-        candidates = [
-            (float(s), hood.index.memory_id(int(lab)))
-            for s, lab in zip(sims[row], labels[row], strict=True)
-            if lab >= 0
-        ]
-        candidates += [(float(batch_sims[row, j]), out[j].record.id) for j in range(row)]
-        candidates.sort(key=lambda c: (-c[0], c[1]))
-        out.append(_one(item, vector, candidates, hood, policy, now, interactions + row + 1))
-        _remember(out[-1].record, hood)
+    for start in range(0, len(items), _CHUNK):
+        chunk = vectors[start : start + _CHUNK]
+        sims, labels = hood.index.search_many(chunk, k)
+        from_batch = earlier.search(chunk, k)
+        within = chunk @ chunk.T
+        for row in range(chunk.shape[0]):
+            candidates = [
+                (float(s), hood.index.memory_id(int(lab)))
+                for s, lab in zip(sims[row], labels[row], strict=True)
+                if lab >= 0
+            ]
+            candidates += from_batch[row]
+            candidates += [(float(within[row, j]), out[start + j].record.id) for j in range(row)]
+            candidates.sort(key=lambda c: (-c[0], c[1]))
+            position = start + row
+            out.append(
+                _one(
+                    items[position],
+                    chunk[row],
+                    candidates[:k],
+                    hood,
+                    policy,
+                    now,
+                    interactions + position + 1,
+                )
+            )
+            _remember(out[-1].record, hood)
+        earlier.add([entry.record.id for entry in out[start:]], chunk)
     return out
 
 
