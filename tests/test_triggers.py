@@ -29,7 +29,7 @@ from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import EPISODIC, store
+from tests.helpers import EPISODIC, store, ts
 
 ON_STORE = tpb.EVENT_KIND_ON_STORE
 NOTIFY = tpb.EVENT_KIND_NOTIFY
@@ -382,3 +382,87 @@ def test_the_log_keeps_what_retention_allows(
         listener.close()
     assert [e.seq for e in replayed] == list(range(8, 13))
     assert listener.events.empty()
+
+
+def wait_for_fires(stub: TriggerServiceStub, trigger_id: str, count: int) -> None:
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if (
+            len(stub.TriggerHistory(tpb.TriggerHistoryRequest(trigger_id=trigger_id)).firings)
+            >= count
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"trigger {trigger_id} did not fire {count} time(s)")
+
+
+def test_pin_tag_deprecate_and_neighbour_boost_act_on_memories(
+    memories: MemoryServiceStub, triggers: TriggerServiceStub, channel_name: str
+) -> None:
+    ch = channel_name
+    pin = create(
+        triggers, channel=ch, event=ON_STORE, action=tpb.ACTION_KIND_PIN, filter_pattern="^always"
+    )
+    tag = create(
+        triggers,
+        channel=ch,
+        event=ON_STORE,
+        action=tpb.ACTION_KIND_TAG,
+        filter_memory_type=memory_pb2.MEMORY_TYPE_FACT,
+        config={"key": "reviewed", "value": "no"},
+    )
+    old = create(
+        triggers,
+        channel=ch,
+        event=tpb.EVENT_KIND_ON_RECALL,
+        action=tpb.ACTION_KIND_DEPRECATE,
+        filter_pattern="legacy",
+    )
+    near = create(
+        triggers,
+        channel=ch,
+        event=tpb.EVENT_KIND_ON_RECALL,
+        action=tpb.ACTION_KIND_BOOST,
+        filter_pattern="hub",
+        config={"target": "neighbours", "delta": "0.1"},
+    )
+    pinned = store(
+        memories, ch, "Always wear the badge.", memory_type=EPISODIC, tags={"session": "a"}
+    )
+    fact = store(
+        memories, ch, "The badge office is on floor 2.", memory_type=memory_pb2.MEMORY_TYPE_FACT
+    )
+    legacy = store(
+        memories,
+        ch,
+        "The legacy badge system used magnetic strips.",
+        memory_type=EPISODIC,
+        tags={"session": "b"},
+    )
+    hub = store(
+        memories, ch, "The hub of the badge network.", memory_type=EPISODIC, tags={"session": "c"}
+    )
+    neighbour = store(
+        memories,
+        ch,
+        "Quarterly revenue rose.",
+        memory_type=EPISODIC,
+        created_at=ts(time.time() - 86_400.0),
+        tags={"session": "d"},
+    )
+    memories.Connect(pb.ConnectRequest(channel=ch, from_id=hub.id, to_id=neighbour.id))
+    wait_for_fires(triggers, pin.id, 1)
+    wait_for_fires(triggers, tag.id, 1)
+    memories.Recall(pb.RecallRequest(channel=ch, query="legacy badge magnetic strips", limit=1))
+    memories.Recall(pb.RecallRequest(channel=ch, query="hub of the badge network", limit=1))
+    wait_for_fires(triggers, old.id, 1)
+    wait_for_fires(triggers, near.id, 1)
+
+    def read(memory_id: str) -> memory_pb2.Memory:
+        return memories.Inspect(pb.InspectRequest(channel=ch, id=memory_id)).memory
+
+    assert read(pinned.id).keystone
+    assert read(fact.id).tags["reviewed"] == "no"
+    assert read(legacy.id).tags["deprecated"] == "true"
+    # 0.5, + resonance from the recalled hub (0.3 · its heat 1.0), + the trigger's 0.1
+    assert read(neighbour.id).heat == pytest.approx(0.9, abs=0.01)
