@@ -15,14 +15,13 @@ from calor.server.errors import InvalidArgumentError
 from calor.triggers.rules import (
     ACTIONS,
     EVENTS,
-    MESSAGE_FIELDS,
     TriggerRule,
     compile_pattern,
     matches,
-    render_message,
     rule_from_message,
     rule_message,
 )
+from calor.triggers.templates import MESSAGE_FIELDS, render_message
 from calor.v1 import memory_pb2
 from calor.v1 import trigger_service_pb2 as tpb
 

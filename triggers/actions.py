@@ -13,7 +13,8 @@ from typing import Any
 from calor.server.engine import MemoryEngine
 from calor.server.events import Cause, EventRecord
 from calor.server.records import MemoryRecord
-from calor.triggers.rules import TriggerRule, render_message
+from calor.triggers.rules import TriggerRule
+from calor.triggers.templates import render_message
 from calor.triggers.webhook import WebhookPolicy, send_webhook
 
 __all__ = ["ActionContext", "describe", "run_action"]

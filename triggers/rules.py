@@ -5,44 +5,33 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast
-from urllib.parse import urlsplit
 
 import re2  # type: ignore[import-untyped]
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.errors import InvalidArgumentError
+from calor.triggers.rule_config import validate_config
 from calor.v1 import memory_pb2, trigger_service_pb2
 
 __all__ = [
     "ACTIONS",
     "EVENTS",
     "MAX_PATTERN_CHARS",
-    "MESSAGE_FIELDS",
     "TriggerRule",
     "compile_pattern",
     "matches",
-    "render_message",
     "rule_from_message",
     "rule_message",
 ]
 
 ACTIONS = ("notify", "boost", "pin", "tag", "deprecate", "webhook", "chain")
 EVENTS = ("on_store", "on_recall", "on_boost", "on_decay")
-MESSAGE_FIELDS = ("memory_id", "channel", "text", "heat", "memory_type", "event", "trigger_id")
 """The placeholders a notify ``message`` template may use, e.g. ``{memory_id}``."""
 
 MAX_PATTERN_CHARS = 512
-_MAX_TEMPLATE_CHARS = 1000
-_MAX_CONFIG_KEY_BYTES = 256
-_MAX_CONFIG_VALUE_BYTES = 2048
-_MAX_TAG_BYTES = 256
-_MAX_WEBHOOK_TIMEOUT = 60.0
-_MAX_WEBHOOK_RETRIES = 10
-_BOOST_TARGETS = ("memory", "neighbours")
 
 _EVENT_PREFIX = "EVENT_KIND_"
 _ACTION_PREFIX = "ACTION_KIND_"
@@ -59,7 +48,6 @@ _TYPE_BY_VALUE = {
     if value != memory_pb2.MEMORY_TYPE_UNSPECIFIED
 }
 # `{{` and `}}` are literal braces; `{name}` is a placeholder; any other brace is an error.
-_TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
 
 class _Pattern(Protocol):
@@ -218,31 +206,6 @@ def matches(
     return not rule.filter_pattern or _compiled(rule.filter_pattern).search(text) is not None
 
 
-def render_message(template: str, fields: Mapping[str, str]) -> str:
-    """Fill a notify template's ``{name}`` placeholders from ``fields``.
-
-    Only plain names are substituted (no attribute, index or format-spec access, unlike
-    ``str.format``); ``{{`` and ``}}`` stand for literal braces. A placeholder with no value
-    in ``fields`` is left as written.
-
-    Args:
-        template: A template accepted by validation (placeholders from :data:`MESSAGE_FIELDS`).
-        fields: The values to substitute.
-
-    Returns:
-        The rendered text.
-    """
-
-    def substitute(match: re.Match[str]) -> str:
-        token = match.group(0)
-        name = match.group(1)
-        if name is not None:
-            return fields.get(name, token)
-        return token[0] if token in ("{{", "}}") else token
-
-    return _TEMPLATE_TOKEN.sub(substitute, template)
-
-
 # --- validation: the message fields ---------------------------------------------------------
 
 
@@ -281,7 +244,7 @@ def rule_from_message(
         channel=validate_channel(message.channel),
         event=event,
         action=action,
-        config=_config(action, message.config),
+        config=validate_config(action, message.config),
         filter_memory_type=_memory_type(message),
         filter_pattern=pattern,
         filter_heat_above=above,
@@ -373,153 +336,6 @@ def _threshold(message: trigger_service_pb2.Trigger, event: str) -> float | None
     if not math.isfinite(value) or not 0.0 < value < 1.0:
         raise InvalidArgumentError(f"threshold: must be a finite number in (0, 1), not {value}")
     return value
-
-
-# --- validation: per-action config ----------------------------------------------------------
-
-_Check = Callable[[str, str], None]
-"""Validates one config value; called with the field label (``config.url``) and the value."""
-
-
-@dataclass(frozen=True)
-class _Key:
-    check: _Check
-    required: bool = False
-
-
-def _check_template(label: str, value: str) -> None:
-    if len(value) > _MAX_TEMPLATE_CHARS:
-        raise InvalidArgumentError(
-            f"{label}: {len(value)} characters is over the limit of {_MAX_TEMPLATE_CHARS}"
-        )
-    for match in _TEMPLATE_TOKEN.finditer(value):
-        token, name = match.group(0), match.group(1)
-        if name is None and token not in ("{{", "}}"):
-            raise InvalidArgumentError(
-                f"{label}: unmatched {token!r} at {match.start()} (write {token * 2} for a brace)"
-            )
-        if name is not None and name not in MESSAGE_FIELDS:
-            raise InvalidArgumentError(
-                f"{label}: unknown placeholder {token[:60]!r}; "
-                f"allowed: {', '.join('{' + f + '}' for f in MESSAGE_FIELDS)}"
-            )
-
-
-def _parse_float(label: str, value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{label}: {value[:40]!r} is not a number") from None
-    if not math.isfinite(number):
-        raise InvalidArgumentError(f"{label}: must be finite, not {value[:40]!r}")
-    return number
-
-
-def _check_delta(label: str, value: str) -> None:
-    if not -1.0 <= _parse_float(label, value) <= 1.0:
-        raise InvalidArgumentError(f"{label}: must be in [-1, 1], not {value[:40]}")
-
-
-def _check_target(label: str, value: str) -> None:
-    if value not in _BOOST_TARGETS:
-        raise InvalidArgumentError(
-            f"{label}: must be one of {', '.join(_BOOST_TARGETS)}, not {value[:40]!r}"
-        )
-
-
-def _check_tag_key(label: str, value: str) -> None:
-    if not value:
-        raise InvalidArgumentError(f"{label}: must not be empty")
-    _check_tag_value(label, value)
-
-
-def _check_tag_value(label: str, value: str) -> None:
-    if len(value.encode()) > _MAX_TAG_BYTES:
-        raise InvalidArgumentError(f"{label}: over the limit of {_MAX_TAG_BYTES} bytes")
-
-
-def _check_url(label: str, value: str) -> None:
-    if not value.isascii() or any(ch <= " " or ch == "\x7f" for ch in value):
-        raise InvalidArgumentError(f"{label}: must be ASCII with no spaces or control characters")
-    try:
-        parts = urlsplit(value)
-        port = parts.port  # parsing it rejects a malformed port
-    except ValueError as exc:
-        raise InvalidArgumentError(f"{label}: not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidArgumentError(f"{label}: the scheme must be http or https")
-    if not parts.hostname:
-        raise InvalidArgumentError(f"{label}: the URL has no host")
-    if parts.username is not None or parts.password is not None:
-        # Credentials in a URL leak into logs; use config.secret to authenticate instead.
-        raise InvalidArgumentError(f"{label}: must not carry user credentials")
-    if port == 0:
-        raise InvalidArgumentError(f"{label}: port 0 is not valid")
-
-
-def _check_any(label: str, value: str) -> None:
-    del label, value  # the shared key/value size limits are enough
-
-
-def _check_timeout(label: str, value: str) -> None:
-    if not 0.0 < _parse_float(label, value) <= _MAX_WEBHOOK_TIMEOUT:
-        raise InvalidArgumentError(
-            f"{label}: must be in (0, {_MAX_WEBHOOK_TIMEOUT:g}] seconds, not {value[:40]}"
-        )
-
-
-def _check_retries(label: str, value: str) -> None:
-    if not value.isdigit() or not value.isascii() or int(value) > _MAX_WEBHOOK_RETRIES:
-        raise InvalidArgumentError(
-            f"{label}: must be a whole number from 0 to {_MAX_WEBHOOK_RETRIES}, not {value[:40]!r}"
-        )
-
-
-def _check_trigger_id(label: str, value: str) -> None:
-    if not value.strip():
-        raise InvalidArgumentError(f"{label}: must not be empty")
-
-
-_ACTION_CONFIG: Mapping[str, Mapping[str, _Key]] = {
-    "notify": {"message": _Key(_check_template)},
-    "boost": {"delta": _Key(_check_delta), "target": _Key(_check_target)},
-    "pin": {},
-    "tag": {
-        "key": _Key(_check_tag_key, required=True),
-        "value": _Key(_check_tag_value, required=True),
-    },
-    "deprecate": {},
-    "webhook": {
-        "url": _Key(_check_url, required=True),
-        "secret": _Key(_check_any),
-        "timeout_seconds": _Key(_check_timeout),
-        "retries": _Key(_check_retries),
-    },
-    "chain": {"trigger_id": _Key(_check_trigger_id, required=True)},
-}
-
-
-def _config(action: str, config: Mapping[str, str]) -> dict[str, str]:
-    spec = _ACTION_CONFIG[action]
-    for key, value in config.items():
-        if len(key.encode()) > _MAX_CONFIG_KEY_BYTES:
-            raise InvalidArgumentError(
-                f"config: key {key[:40]!r}... is over the limit of {_MAX_CONFIG_KEY_BYTES} bytes"
-            )
-        if len(value.encode()) > _MAX_CONFIG_VALUE_BYTES:
-            raise InvalidArgumentError(
-                f"config.{key}: value is over the limit of {_MAX_CONFIG_VALUE_BYTES} bytes"
-            )
-        if key not in spec:
-            allowed = ", ".join(spec) or "none"
-            raise InvalidArgumentError(
-                f"config: unknown key {key[:40]!r} for action {action} (allowed: {allowed})"
-            )
-        spec[key].check(f"config.{key}", value)
-    for key, rule in spec.items():
-        if rule.required and key not in config:
-            raise InvalidArgumentError(f"config.{key}: required for action {action}")
-    return dict(config)
 
 
 # --- back to the API ------------------------------------------------------------------------

@@ -1,0 +1,150 @@
+"""Per-action trigger config: which keys each action takes, and what each value may be."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from calor.server.errors import InvalidArgumentError
+from calor.triggers.templates import check_template
+
+__all__ = ["validate_config"]
+
+_MAX_CONFIG_KEY_BYTES = 256
+_MAX_CONFIG_VALUE_BYTES = 2048
+_MAX_TAG_BYTES = 256
+_MAX_WEBHOOK_TIMEOUT = 60.0
+_MAX_WEBHOOK_RETRIES = 10
+_BOOST_TARGETS = ("memory", "neighbours")
+
+
+# --- validation: per-action config ----------------------------------------------------------
+
+_Check = Callable[[str, str], None]
+"""Validates one config value; called with the field label (``config.url``) and the value."""
+
+
+@dataclass(frozen=True)
+class _Key:
+    check: _Check
+    required: bool = False
+
+
+def _parse_float(label: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{label}: {value[:40]!r} is not a number") from None
+    if not math.isfinite(number):
+        raise InvalidArgumentError(f"{label}: must be finite, not {value[:40]!r}")
+    return number
+
+
+def _check_delta(label: str, value: str) -> None:
+    if not -1.0 <= _parse_float(label, value) <= 1.0:
+        raise InvalidArgumentError(f"{label}: must be in [-1, 1], not {value[:40]}")
+
+
+def _check_target(label: str, value: str) -> None:
+    if value not in _BOOST_TARGETS:
+        raise InvalidArgumentError(
+            f"{label}: must be one of {', '.join(_BOOST_TARGETS)}, not {value[:40]!r}"
+        )
+
+
+def _check_tag_key(label: str, value: str) -> None:
+    if not value:
+        raise InvalidArgumentError(f"{label}: must not be empty")
+    _check_tag_value(label, value)
+
+
+def _check_tag_value(label: str, value: str) -> None:
+    if len(value.encode()) > _MAX_TAG_BYTES:
+        raise InvalidArgumentError(f"{label}: over the limit of {_MAX_TAG_BYTES} bytes")
+
+
+def _check_url(label: str, value: str) -> None:
+    if not value.isascii() or any(ch <= " " or ch == "\x7f" for ch in value):
+        raise InvalidArgumentError(f"{label}: must be ASCII with no spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # parsing it rejects a malformed port
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{label}: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidArgumentError(f"{label}: the scheme must be http or https")
+    if not parts.hostname:
+        raise InvalidArgumentError(f"{label}: the URL has no host")
+    if parts.username is not None or parts.password is not None:
+        # Credentials in a URL leak into logs; use config.secret to authenticate instead.
+        raise InvalidArgumentError(f"{label}: must not carry user credentials")
+    if port == 0:
+        raise InvalidArgumentError(f"{label}: port 0 is not valid")
+
+
+def _check_any(label: str, value: str) -> None:
+    del label, value  # the shared key/value size limits are enough
+
+
+def _check_timeout(label: str, value: str) -> None:
+    if not 0.0 < _parse_float(label, value) <= _MAX_WEBHOOK_TIMEOUT:
+        raise InvalidArgumentError(
+            f"{label}: must be in (0, {_MAX_WEBHOOK_TIMEOUT:g}] seconds, not {value[:40]}"
+        )
+
+
+def _check_retries(label: str, value: str) -> None:
+    if not value.isdigit() or not value.isascii() or int(value) > _MAX_WEBHOOK_RETRIES:
+        raise InvalidArgumentError(
+            f"{label}: must be a whole number from 0 to {_MAX_WEBHOOK_RETRIES}, not {value[:40]!r}"
+        )
+
+
+def _check_trigger_id(label: str, value: str) -> None:
+    if not value.strip():
+        raise InvalidArgumentError(f"{label}: must not be empty")
+
+
+_ACTION_CONFIG: Mapping[str, Mapping[str, _Key]] = {
+    "notify": {"message": _Key(check_template)},
+    "boost": {"delta": _Key(_check_delta), "target": _Key(_check_target)},
+    "pin": {},
+    "tag": {
+        "key": _Key(_check_tag_key, required=True),
+        "value": _Key(_check_tag_value, required=True),
+    },
+    "deprecate": {},
+    "webhook": {
+        "url": _Key(_check_url, required=True),
+        "secret": _Key(_check_any),
+        "timeout_seconds": _Key(_check_timeout),
+        "retries": _Key(_check_retries),
+    },
+    "chain": {"trigger_id": _Key(_check_trigger_id, required=True)},
+}
+
+
+def validate_config(action: str, config: Mapping[str, str]) -> dict[str, str]:
+    """The config of a rule of this action, checked key by key (INVALID_ARGUMENT if not)."""
+    spec = _ACTION_CONFIG[action]
+    for key, value in config.items():
+        if len(key.encode()) > _MAX_CONFIG_KEY_BYTES:
+            raise InvalidArgumentError(
+                f"config: key {key[:40]!r}... is over the limit of {_MAX_CONFIG_KEY_BYTES} bytes"
+            )
+        if len(value.encode()) > _MAX_CONFIG_VALUE_BYTES:
+            raise InvalidArgumentError(
+                f"config.{key}: value is over the limit of {_MAX_CONFIG_VALUE_BYTES} bytes"
+            )
+        if key not in spec:
+            allowed = ", ".join(spec) or "none"
+            raise InvalidArgumentError(
+                f"config: unknown key {key[:40]!r} for action {action} (allowed: {allowed})"
+            )
+        spec[key].check(f"config.{key}", value)
+    for key, rule in spec.items():
+        if rule.required and key not in config:
+            raise InvalidArgumentError(f"config.{key}: required for action {action}")
+    return dict(config)
