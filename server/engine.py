@@ -8,7 +8,6 @@ been made durable.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
@@ -26,7 +25,6 @@ from calor.server.lifecycle import (
     Clocks,
     apply_boost,
     apply_keystone,
-    crossing_at,
     current_heat,
     evolve,
     refresh_utility,
@@ -298,77 +296,25 @@ class MemoryEngine:
 
     def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
-        channel = self._reg.find(query.channel)
-        if channel is None:
-            return [], ""
-        policy = self._reg.policy(query.channel)
-        page: list[MemoryRecord] = []
-        with channel.lock:
-            clocks = self._reg.clocks(channel)
-            for memory_id in channel.ids_after(query.after_id):
-                record = evolve(channel.records[memory_id], policy, clocks)
-                if not query.matches(record):
-                    continue
-                if len(page) == query.page_size:
-                    return page, page[-1].id
-                page.append(replace(record))
-        return page, ""
+        return self._reg.list_page(query)
 
     def status(self, channel: str) -> ChannelStatus:
         """How many memories a channel holds, by state and by type, and its heat."""
-        live = self._reg.find(channel)
-        if live is None:
-            return ChannelStatus(0, {}, {}, 0.0)
-        policy = self._reg.policy(channel)
-        with live.lock:
-            clocks = self._reg.clocks(live)
-            evolved = [evolve(r, policy, clocks) for r in live.records.values()]
-            heat = live.state.heat(policy, clocks.now)
-            sweeps, interactions = live.state.sweeps, live.state.interactions
-        states = Counter(r.state for r in evolved)
-        types = Counter(r.memory_type for r in evolved if r.state != DELETED)
-        total = sum(count for state, count in states.items() if state != DELETED)
-        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
+        return self._reg.status(channel)
 
     def decay_crossing(
         self, channel: str, memory_id: str, threshold: float | None
     ) -> tuple[float, float, float] | None:
-        """When a memory's heat will cross below ``threshold`` (default: the cold threshold).
-
-        Returns (moment, t0 of the heat trajectory, heat now), or None when no crossing
-        lies ahead on the wall clock.
-        """
-        live = self._reg.find(channel)
-        if live is None:
-            return None
-        policy = self._reg.policy(channel)
-        with live.lock:
-            record = live.records.get(memory_id)
-            if record is None:
-                return None
-            clocks = self._reg.clocks(live)
-            record = evolve(record, policy, clocks)
-            level = policy.cold_threshold if threshold is None else threshold
-            moment = crossing_at(record, policy, level)
-            if moment is None:
-                return None
-            return moment, record.t0, current_heat(record, policy, clocks)
+        """When a memory's heat crosses below ``threshold``; see ChannelRegistry."""
+        return self._reg.decay_crossing(channel, memory_id, threshold)
 
     def memory_ids(self, channel: str) -> list[str]:
         """Every memory id of a channel (tombstones included), in id order."""
-        live = self._reg.find(channel)
-        if live is None:
-            return []
-        with live.lock:
-            return list(live.ids_after(""))
+        return self._reg.memory_ids(channel)
 
     def neighbours(self, channel: str, memory_id: str) -> list[str]:
         """The memories linked to one memory."""
-        live = self._reg.find(channel)
-        if live is None:
-            return []
-        with live.lock:
-            return sorted(live.graph.neighbours(memory_id))
+        return self._reg.neighbours(channel, memory_id)
 
     def log(self, event: EventRecord) -> None:
         """Append an event that changes no memory (a notification, a webhook outcome)."""

@@ -1,18 +1,23 @@
-"""The channels a server holds: their live views, their policies, and the rebuild from RocksDB."""
+"""The channels a server holds: their live views and policies, the rebuild from RocksDB, and
+read-only queries over the views."""
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
 from calor.server.channel import Channel
 from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
+from calor.server.commands import ListQuery
 from calor.server.errors import NotFoundError
-from calor.server.lifecycle import Clocks, current_heat, evolve
+from calor.server.lifecycle import Clocks, crossing_at, current_heat, evolve
 from calor.server.policy import ChannelPolicy
-from calor.server.records import MemoryRecord
+from calor.server.records import DELETED, MemoryRecord
+from calor.server.results import ChannelStatus
 from calor.server.store import MemoryStore
 
 __all__ = ["ChannelRegistry"]
@@ -98,3 +103,77 @@ class ChannelRegistry:
         clocks = self.clocks(self._channels.get(record.channel))
         policy = self.policy(record.channel)
         return current_heat(evolve(record, policy, clocks), policy, clocks)
+
+    def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
+        """A page of memories in id order, and the id to resume after ('' at the end)."""
+        channel = self.find(query.channel)
+        if channel is None:
+            return [], ""
+        policy = self.policy(query.channel)
+        page: list[MemoryRecord] = []
+        with channel.lock:
+            clocks = self.clocks(channel)
+            for memory_id in channel.ids_after(query.after_id):
+                record = evolve(channel.records[memory_id], policy, clocks)
+                if not query.matches(record):
+                    continue
+                if len(page) == query.page_size:
+                    return page, page[-1].id
+                page.append(replace(record))
+        return page, ""
+
+    def status(self, channel: str) -> ChannelStatus:
+        """How many memories a channel holds, by state and by type, and its heat."""
+        live = self.find(channel)
+        if live is None:
+            return ChannelStatus(0, {}, {}, 0.0)
+        policy = self.policy(channel)
+        with live.lock:
+            clocks = self.clocks(live)
+            evolved = [evolve(r, policy, clocks) for r in live.records.values()]
+            heat = live.state.heat(policy, clocks.now)
+            sweeps, interactions = live.state.sweeps, live.state.interactions
+        states = Counter(r.state for r in evolved)
+        types = Counter(r.memory_type for r in evolved if r.state != DELETED)
+        total = sum(count for state, count in states.items() if state != DELETED)
+        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
+
+    def decay_crossing(
+        self, channel: str, memory_id: str, threshold: float | None
+    ) -> tuple[float, float, float] | None:
+        """When a memory's heat will cross below ``threshold`` (default: the cold threshold).
+
+        Returns (moment, t0 of the heat trajectory, heat now), or None when no crossing
+        lies ahead on the wall clock.
+        """
+        live = self.find(channel)
+        if live is None:
+            return None
+        policy = self.policy(channel)
+        with live.lock:
+            record = live.records.get(memory_id)
+            if record is None:
+                return None
+            clocks = self.clocks(live)
+            record = evolve(record, policy, clocks)
+            level = policy.cold_threshold if threshold is None else threshold
+            moment = crossing_at(record, policy, level)
+            if moment is None:
+                return None
+            return moment, record.t0, current_heat(record, policy, clocks)
+
+    def memory_ids(self, channel: str) -> list[str]:
+        """Every memory id of a channel (tombstones included), in id order."""
+        live = self.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return list(live.ids_after(""))
+
+    def neighbours(self, channel: str, memory_id: str) -> list[str]:
+        """The memories linked to one memory."""
+        live = self.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return sorted(live.graph.neighbours(memory_id))
