@@ -19,9 +19,9 @@ from calor.server.graph import Edge
 from calor.server.heat import SOURCE_TRUST
 from calor.server.ids import new_id
 from calor.server.index import ChannelIndex, ScratchIndex
+from calor.server.lifecycle import refresh_utility
 from calor.server.policy import ChannelPolicy
 from calor.server.records import MemoryRecord
-from calor.server.utility import utility
 
 __all__ = ["NEAR_DUPLICATE", "Ingested", "Neighbourhood", "build_records"]
 
@@ -163,16 +163,7 @@ def _one(
     )
     if memory_type == "episodic":
         record.session = _session(item)
-    record.utility = utility(
-        importance=record.importance,
-        memory_type=record.memory_type,
-        source=record.source,
-        valence=record.valence,
-        recall_times=record.recall_times,
-        created_at=record.created_at,
-        confirmations=0,
-        now=now,
-    )
+    refresh_utility(record, now)
     edges = _links(record, candidates, hood, policy)
     return Ingested(record, vector, edges, confirms)
 
