@@ -12,25 +12,33 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2
 
 from calor.client.errors import InvalidArgumentError
-from calor.v1 import memory_pb2, memory_service_pb2
+from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 if TYPE_CHECKING:
     # Only the stubs name the generic wrapper class that every generated enum's type is.
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
 
 __all__ = [
+    "ACTION_KIND_NAMES",
+    "EVENT_KIND_NAMES",
     "MEMORY_STATE_NAMES",
     "MEMORY_TYPE_NAMES",
+    "TRIGGER_EVENT_NAMES",
     "ClientBase",
     "EnumArg",
     "FilterOptions",
     "ListOptions",
     "RecallOptions",
     "StoreOptions",
+    "TriggerOptions",
     "UpdateOptions",
+    "action_name",
+    "event_name",
     "forget_request",
     "list_request",
+    "parse_action",
     "parse_confidence",
+    "parse_event",
     "parse_source",
     "parse_state",
     "parse_type",
@@ -40,7 +48,9 @@ __all__ = [
     "state_name",
     "store_request",
     "stream_requests",
+    "subscribe_request",
     "timestamp",
+    "trigger_request",
     "type_name",
     "update_request",
 ]
@@ -52,6 +62,8 @@ _V = TypeVar("_V", bound=int)
 
 _TYPE_PREFIX = "MEMORY_TYPE_"
 _STATE_PREFIX = "MEMORY_STATE_"
+_EVENT_PREFIX = "EVENT_KIND_"
+_ACTION_PREFIX = "ACTION_KIND_"
 
 
 def _short_names(wrapper: _EnumTypeWrapper[_V], prefix: str) -> tuple[str, ...]:
@@ -67,6 +79,15 @@ MEMORY_TYPE_NAMES = _short_names(memory_pb2.MemoryType, _TYPE_PREFIX)
 
 MEMORY_STATE_NAMES = _short_names(memory_pb2.MemoryState, _STATE_PREFIX)
 """The memory states by short name, in enum order: ``("active", "cold", …)``."""
+
+EVENT_KIND_NAMES = _short_names(trigger_service_pb2.EventKind, _EVENT_PREFIX)
+"""Every kind of logged event by short name: ``("on_store", …, "notify", "dream", …)``."""
+
+TRIGGER_EVENT_NAMES = tuple(name for name in EVENT_KIND_NAMES if name.startswith("on_"))
+"""The events a trigger can react to: ``("on_store", "on_recall", "on_boost", "on_decay")``."""
+
+ACTION_KIND_NAMES = _short_names(trigger_service_pb2.ActionKind, _ACTION_PREFIX)
+"""What a trigger can do, by short name: ``("notify", "boost", "pin", …)``."""
 
 
 def _enum(wrapper: _EnumTypeWrapper[_V], prefix: str, value: EnumArg, what: str) -> _V:
@@ -127,6 +148,34 @@ def parse_confidence(value: EnumArg | None) -> memory_pb2.Confidence.ValueType:
     if value is None:
         return memory_pb2.CONFIDENCE_UNSPECIFIED
     return _enum(memory_pb2.Confidence, "CONFIDENCE_", value, "confidence")
+
+
+def parse_event(value: EnumArg) -> trigger_service_pb2.EventKind.ValueType:
+    """An ``EventKind`` from ``"on_store"``, ``"EVENT_KIND_ON_STORE"`` or 1.
+
+    Raises:
+        InvalidArgumentError: The name or number is not an event kind.
+    """
+    return _enum(trigger_service_pb2.EventKind, _EVENT_PREFIX, value, "event kind")
+
+
+def parse_action(value: EnumArg) -> trigger_service_pb2.ActionKind.ValueType:
+    """An ``ActionKind`` from ``"notify"``, ``"ACTION_KIND_NOTIFY"`` or 1.
+
+    Raises:
+        InvalidArgumentError: The name or number is not an action kind.
+    """
+    return _enum(trigger_service_pb2.ActionKind, _ACTION_PREFIX, value, "action kind")
+
+
+def event_name(value: int) -> str:
+    """The short name of an event kind: ``EVENT_KIND_ON_STORE`` → ``"on_store"``."""
+    return short_name(trigger_service_pb2.EventKind, _EVENT_PREFIX, value)
+
+
+def action_name(value: int) -> str:
+    """The short name of an action kind: ``ACTION_KIND_NOTIFY`` → ``"notify"``."""
+    return short_name(trigger_service_pb2.ActionKind, _ACTION_PREFIX, value)
 
 
 def type_name(value: int) -> str:
@@ -255,6 +304,37 @@ class UpdateOptions(TypedDict, total=False):
     tags: Mapping[str, str] | None
     importance: float | None
     supersedes: str
+
+
+class TriggerOptions(TypedDict, total=False):
+    """What a new trigger may be given besides its event and action, each optional.
+
+    The one place these options are declared and described: ``create_trigger`` on
+    both clients takes them as keyword arguments.
+
+    Attributes:
+        config: The action's settings, e.g. ``{"message": "…"}`` for notify (a
+            template over ``{memory_id}``, ``{text}``, ``{heat}``, …), ``{"delta":
+            "0.2"}`` for boost, ``{"key": "…", "value": "…"}`` for tag, ``{"url":
+            "…"}`` for webhook, ``{"trigger_id": "…"}`` for chain.
+        filter_memory_type: Only memories of this type (a name or ``MemoryType``).
+        filter_pattern: Only memories whose text matches this regular expression.
+        filter_heat_above: Only memories hotter than this.
+        filter_heat_below: Only memories colder than this.
+        max_fires: Fire at most this many times; 0 (the default) means no limit.
+        cooldown_seconds: Wait at least this long between two firings (default 0).
+        threshold: For ``on_decay``: the heat whose downward crossing fires it;
+            None (the default) means the channel's cold threshold.
+    """
+
+    config: Mapping[str, str] | None
+    filter_memory_type: EnumArg | None
+    filter_pattern: str
+    filter_heat_above: float | None
+    filter_heat_below: float | None
+    max_fires: int
+    cooldown_seconds: float
+    threshold: float | None
 
 
 def _check(options: Mapping[str, object], known: frozenset[str]) -> None:
@@ -390,6 +470,66 @@ def forget_request(channel: str, ids: str | Iterable[str]) -> memory_service_pb2
     """The ``ForgetRequest`` for one id or many."""
     return memory_service_pb2.ForgetRequest(
         channel=channel, ids=[ids] if isinstance(ids, str) else list(ids)
+    )
+
+
+def trigger_request(
+    channel: str,
+    event: EnumArg,
+    action: EnumArg,
+    trigger_id: str,
+    /,
+    **options: Unpack[TriggerOptions],
+) -> trigger_service_pb2.CreateTriggerRequest:
+    """The ``CreateTriggerRequest`` for a trigger and its :class:`TriggerOptions`.
+
+    An empty ``trigger_id`` lets the server choose one.
+
+    Raises:
+        InvalidArgumentError: The event, action or memory type is unknown.
+    """
+    _check(options, TriggerOptions.__optional_keys__)
+    trigger = trigger_service_pb2.Trigger(
+        id=trigger_id,
+        channel=channel,
+        event=parse_event(event),
+        action=parse_action(action),
+        config=options.get("config"),
+        filter_memory_type=parse_type(options.get("filter_memory_type")),
+        filter_pattern=options.get("filter_pattern", ""),
+        filter_heat_above=options.get("filter_heat_above"),
+        filter_heat_below=options.get("filter_heat_below"),
+        max_fires=options.get("max_fires", 0),
+        cooldown_seconds=options.get("cooldown_seconds", 0.0),
+        threshold=options.get("threshold"),
+    )
+    return trigger_service_pb2.CreateTriggerRequest(trigger=trigger)
+
+
+def subscribe_request(
+    channels: str | Iterable[str],
+    kinds: EnumArg | Iterable[EnumArg],
+    trigger_ids: str | Iterable[str],
+    after_seq: int,
+) -> trigger_service_pb2.SubscribeRequest:
+    """The ``SubscribeRequest`` for a filter; an empty filter field matches everything.
+
+    A lone string (or number, for ``kinds``) counts as a list of one, so that
+    ``channels="agent-7"`` does not become seven one-letter channels.
+
+    Raises:
+        InvalidArgumentError: A kind is unknown, or ``after_seq`` is negative.
+    """
+    if after_seq < 0:
+        raise InvalidArgumentError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"after_seq must be 0 or more, got {after_seq}"
+        )
+    kind_list = [kinds] if isinstance(kinds, str | int) else list(kinds)
+    return trigger_service_pb2.SubscribeRequest(
+        channels=[channels] if isinstance(channels, str) else list(channels),
+        kinds=[parse_event(kind) for kind in kind_list],
+        trigger_ids=[trigger_ids] if isinstance(trigger_ids, str) else list(trigger_ids),
+        after_seq=after_seq,
     )
 
 

@@ -10,29 +10,44 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from calor.client._convert import short_name, state_name, type_name
-from calor.v1 import memory_pb2, memory_service_pb2
+from calor.client._convert import action_name, event_name, short_name, state_name, type_name
+from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 __all__ = [
+    "event_line",
+    "firings",
     "identity",
     "inspected",
+    "json_line",
     "listed",
     "memory_line",
     "recalled",
     "stored",
     "to_json",
+    "trigger_line",
+    "triggers",
 ]
 
 
-def to_json(message: Message) -> str:
-    """A message as indented JSON, every field present, proto field names kept."""
-    document = MessageToDict(
+def _document(message: Message) -> dict[str, object]:
+    """A message as a JSON-ready dict, every field present, proto field names kept."""
+    document: dict[str, object] = MessageToDict(
         message,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
         unquote_int64_if_possible=True,
     )
-    return json.dumps(document, indent=2, ensure_ascii=False)
+    return document
+
+
+def to_json(message: Message) -> str:
+    """A message as indented JSON, every field present, proto field names kept."""
+    return json.dumps(_document(message), indent=2, ensure_ascii=False)
+
+
+def json_line(message: Message) -> str:
+    """A message as JSON on one line, for streams of one document a line."""
+    return json.dumps(_document(message), ensure_ascii=False, separators=(",", ":"))
 
 
 def _one_line(text: str) -> str:
@@ -145,3 +160,51 @@ def identity(response: memory_service_pb2.IdentityResponse, channel: str) -> str
     lines = [f"{label:<11}{value}" for label, value in rows]
     lines.extend(f"  {c.a_id} <> {c.b_id}: {c.reason}" for c in response.conflicts)
     return "\n".join(lines)
+
+
+def event_line(event: trigger_service_pb2.Event) -> str:
+    """``#seq kind channel memory_id trigger message``; ``-`` for a field left empty."""
+    fields = (event.channel, event.memory_id, event.trigger_id)
+    head = " ".join(value or "-" for value in fields)
+    return f"#{event.seq} {event_name(event.kind)} {head} {_one_line(event.message)}".rstrip()
+
+
+def trigger_line(trigger: trigger_service_pb2.Trigger) -> str:
+    """``ID  on_store -> notify  in CHANNEL  fired N[/MAX]`` and the filters that are set."""
+    limit = f"/{trigger.max_fires}" if trigger.max_fires else ""
+    parts = [
+        trigger.id,
+        f"{event_name(trigger.event)} -> {action_name(trigger.action)}",
+        f"in {trigger.channel}",
+        f"fired {trigger.fires}{limit}",
+    ]
+    if trigger.filter_memory_type:
+        parts.append(f"type {type_name(trigger.filter_memory_type)}")
+    if trigger.filter_pattern:
+        parts.append(f"pattern {trigger.filter_pattern!r}")
+    if trigger.HasField("filter_heat_above"):
+        parts.append(f"heat > {trigger.filter_heat_above:g}")
+    if trigger.HasField("filter_heat_below"):
+        parts.append(f"heat < {trigger.filter_heat_below:g}")
+    if trigger.cooldown_seconds:
+        parts.append(f"cooldown {trigger.cooldown_seconds:g}s")
+    if trigger.HasField("threshold"):
+        parts.append(f"threshold {trigger.threshold:g}")
+    if trigger.config:
+        parts.append(f"config {_pairs(trigger.config)}")
+    return "  ".join(parts)
+
+
+def triggers(items: list[trigger_service_pb2.Trigger]) -> str:
+    """One :func:`trigger_line` per trigger; ``no triggers`` when there are none."""
+    return "\n".join(trigger_line(t) for t in items) if items else "no triggers"
+
+
+def firings(items: list[trigger_service_pb2.TriggerFiring]) -> str:
+    """One line per firing, oldest first: ``#seq  time  memory  outcome``."""
+    lines = [
+        f"#{f.seq}  {_when(f.at)}  {f.memory_id or '-'}  {_one_line(f.outcome)}"
+        f"{'  (late)' if f.late else ''}"
+        for f in items
+    ]
+    return "\n".join(lines) if lines else "no firings"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Self, Unpack
 
 import grpc
@@ -10,9 +11,23 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import _convert
-from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
-from calor.client.errors import translate_rpc_errors
-from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
+from calor.client._convert import (
+    EnumArg,
+    ListOptions,
+    RecallOptions,
+    StoreOptions,
+    TriggerOptions,
+    UpdateOptions,
+)
+from calor.client._subscription import Resumer
+from calor.client.errors import from_rpc_error, translate_rpc_errors
+from calor.v1 import (
+    memory_pb2,
+    memory_service_pb2,
+    memory_service_pb2_grpc,
+    trigger_service_pb2,
+    trigger_service_pb2_grpc,
+)
 
 __all__ = ["AsyncCalorClient"]
 
@@ -53,6 +68,7 @@ class AsyncCalorClient(_convert.ClientBase):
             grpc.aio.insecure_channel(target) if grpc_channel is None else grpc_channel
         )
         self._stub = memory_service_pb2_grpc.MemoryServiceStub(self._grpc_channel)
+        self._triggers = trigger_service_pb2_grpc.TriggerServiceStub(self._grpc_channel)
         self._health = health_pb2_grpc.HealthStub(self._grpc_channel)
 
     async def close(self) -> None:
@@ -184,3 +200,103 @@ class AsyncCalorClient(_convert.ClientBase):
                 health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
             )
         return _convert.serving_status(response.status)
+
+    # --- triggers and events --------------------------------------------------------
+
+    async def create_trigger(
+        self,
+        *,
+        event: EnumArg,
+        action: EnumArg,
+        channel: str | None = None,
+        trigger_id: str = "",
+        **options: Unpack[TriggerOptions],
+    ) -> trigger_service_pb2.Trigger:
+        """Register a trigger; see :meth:`CalorClient.create_trigger`."""
+        request = _convert.trigger_request(self._in(channel), event, action, trigger_id, **options)
+        with translate_rpc_errors():
+            return (await self._triggers.CreateTrigger(request, timeout=self.timeout)).trigger
+
+    async def list_triggers(
+        self, *, channel: str | None = None
+    ) -> list[trigger_service_pb2.Trigger]:
+        """Every trigger of a channel (``""``: of all); see :meth:`CalorClient.list_triggers`."""
+        request = trigger_service_pb2.ListTriggersRequest(channel=self._in(channel))
+        triggers: list[trigger_service_pb2.Trigger] = []
+        while True:
+            with translate_rpc_errors():
+                page = await self._triggers.ListTriggers(request, timeout=self.timeout)
+            triggers.extend(page.triggers)
+            if not page.next_page_token:
+                return triggers
+            request.page_token = page.next_page_token
+
+    async def delete_trigger(self, trigger_id: str) -> None:
+        """Remove a trigger; see :meth:`CalorClient.delete_trigger`."""
+        request = trigger_service_pb2.DeleteTriggerRequest(id=trigger_id)
+        with translate_rpc_errors():
+            await self._triggers.DeleteTrigger(request, timeout=self.timeout)
+
+    async def trigger_history(self, trigger_id: str) -> list[trigger_service_pb2.TriggerFiring]:
+        """Every firing of a trigger, oldest first; see :meth:`CalorClient.trigger_history`."""
+        request = trigger_service_pb2.TriggerHistoryRequest(trigger_id=trigger_id)
+        firings: list[trigger_service_pb2.TriggerFiring] = []
+        while True:
+            with translate_rpc_errors():
+                page = await self._triggers.TriggerHistory(request, timeout=self.timeout)
+            firings.extend(page.firings)
+            if not page.next_page_token:
+                return firings
+            request.page_token = page.next_page_token
+
+    async def evaluate_triggers(
+        self, event: EnumArg, memory_id: str, *, channel: str | None = None
+    ) -> list[trigger_service_pb2.TriggerMatch]:
+        """A dry run of the triggers; see :meth:`CalorClient.evaluate_triggers`."""
+        request = trigger_service_pb2.EvaluateTriggersRequest(
+            channel=self._in(channel), event=_convert.parse_event(event), memory_id=memory_id
+        )
+        with translate_rpc_errors():
+            response = await self._triggers.EvaluateTriggers(request, timeout=self.timeout)
+        return list(response.matches)
+
+    def subscribe(
+        self,
+        *,
+        channels: Iterable[str] = (),
+        kinds: Iterable[EnumArg] = (),
+        trigger_ids: Iterable[str] = (),
+        after_seq: int = 0,
+        resume: bool = True,
+    ) -> AsyncGenerator[trigger_service_pb2.Event, None]:
+        """Stream logged events, resuming by itself; see :meth:`CalorClient.subscribe`.
+
+        Use it with ``async for``; the filter is checked at once (this is no
+        coroutine). Cancelling the task that iterates, or ``aclose()`` on the
+        generator, cancels the call underneath.
+
+        Example::
+
+            async for event in calor.subscribe(channels=[calor.channel]):
+                print(event.seq, event.message)
+        """
+        request = _convert.subscribe_request(channels, kinds, trigger_ids, after_seq)
+        return self._events(Resumer(request, resume=resume))
+
+    async def _events(self, resumer: Resumer) -> AsyncGenerator[trigger_service_pb2.Event, None]:
+        """The events of one subscription across as many calls as it takes."""
+        while True:
+            call = self._triggers.Subscribe(resumer.request(), timeout=None)
+            resumer.opened()
+            try:
+                async for response in call:
+                    if resumer.accept(response.event):
+                        yield response.event
+                return  # the server ended the stream cleanly
+            except grpc.RpcError as err:
+                delay = resumer.retry_delay(err)
+                if delay is None:
+                    raise from_rpc_error(err) from err
+            finally:
+                call.cancel()
+            await asyncio.sleep(delay)

@@ -1,4 +1,8 @@
-"""The ``calor`` command: serve, and store, recall and tend memories from a shell."""
+"""The ``calor`` command: serve, and store, recall and tend memories from a shell.
+
+``calor subscribe`` streams events until Ctrl-C (which exits 0). For scripts it takes
+``--max-events N``, left out of ``--help``: stop after N events and exit 0.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +20,8 @@ from typing import Any
 from google.protobuf.message import Message
 
 from calor.client import _render
-from calor.client._convert import MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
+from calor.client._cli_triggers import add_trigger_commands
+from calor.client._convert import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client.client import CalorClient
 from calor.client.errors import CalorClientError, InvalidArgumentError, UnavailableError
 from calor.v1 import memory_service_pb2
@@ -25,7 +31,8 @@ __all__ = ["main"]
 Output = tuple[Message, str]
 """What a command produced: the message for ``--json`` and the text for a person."""
 
-Handler = Callable[[CalorClient, argparse.Namespace], Output]
+Handler = Callable[[CalorClient, argparse.Namespace], Output | None]
+"""A command; one that prints as it goes (``subscribe``) returns None."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         with CalorClient(args.target, channel=args.channel) as client:
-            message, text = handler(client, args)
+            output = handler(client, args)
     except CalorClientError as err:
         print(f"error: {err}", file=sys.stderr)
         if isinstance(err, UnavailableError):
@@ -57,12 +64,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(err, InvalidArgumentError) else 1
     except KeyboardInterrupt:
         return 130
-    try:
-        print(_render.to_json(message) if args.json else text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `calor … | head` closed the pipe: not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quiet exit
+    if output is not None:
+        message, text = output
+        with _quiet_broken_pipe():
+            print(_render.to_json(message) if args.json else text)
+            sys.stdout.flush()
     return 0
+
+
+@contextmanager
+def _quiet_broken_pipe() -> Iterator[None]:
+    """Treat a closed stdout (``calor … | head``) as the end, not as an error of ours."""
+    try:
+        yield
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quiet exit
 
 
 # --- commands -------------------------------------------------------------------------
@@ -158,6 +174,38 @@ def _boost(client: CalorClient, args: argparse.Namespace) -> Output:
 def _status(client: CalorClient, args: argparse.Namespace) -> Output:
     response = client.identity()
     return response, _render.identity(response, client.channel)
+
+
+def _subscribe(client: CalorClient, args: argparse.Namespace) -> None:
+    """Print events as they come, one line (or JSON object) each, until Ctrl-C.
+
+    Ctrl-C ends it with status 0, as does ``--max-events N`` after N events.
+    Resubscriptions after the server cut the stream are reported on stderr.
+    """
+    events = client.subscribe(
+        channels=() if args.all_channels else (client.channel,),
+        kinds=args.kind,
+        trigger_ids=args.trigger,
+        after_seq=args.after_seq,
+    )
+    notices = logging.StreamHandler(sys.stderr)
+    notices.setFormatter(logging.Formatter("calor: %(message)s"))
+    logger = logging.getLogger("calor.client.subscribe")
+    level = logger.level
+    logger.addHandler(notices)
+    logger.setLevel(logging.INFO)
+    try:
+        with events, _quiet_broken_pipe():
+            for count, event in enumerate(events, start=1):
+                print(_render.json_line(event) if args.json else _render.event_line(event))
+                sys.stdout.flush()
+                if args.max_events and count >= args.max_events:
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        logger.removeHandler(notices)
+        logger.setLevel(level)
 
 
 # --- argument parsing -------------------------------------------------------------------
@@ -309,6 +357,38 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     command("status", _status, "the channel's counts, heat, gates and conflicts")
+
+    subscribe = command(
+        "subscribe", _subscribe, "print the channel's events as they happen, until Ctrl-C"
+    )
+    subscribe.add_argument(
+        "--all-channels", action="store_true", help="every channel's events, not --channel's"
+    )
+    subscribe.add_argument(
+        "--kind",
+        choices=EVENT_KIND_NAMES,
+        action="append",
+        default=[],
+        help="only events of this kind; repeat for more",
+    )
+    subscribe.add_argument(
+        "--trigger",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="only events of this trigger; repeat for more",
+    )
+    subscribe.add_argument(
+        "--after-seq",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start after event N (default 0: everything the log still holds)",
+    )
+    # For scripts and tests: stop after N events (left out of --help).
+    subscribe.add_argument("--max-events", type=int, default=0, help=argparse.SUPPRESS)
+
+    add_trigger_commands(commands, shared)
     return parser
 
 

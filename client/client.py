@@ -1,4 +1,4 @@
-"""The synchronous Calor client: typed methods over the MemoryService and health calls."""
+"""The synchronous Calor client: typed methods over the Memory and Trigger services."""
 
 from __future__ import annotations
 
@@ -9,11 +9,25 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import _convert
-from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
+from calor.client._convert import (
+    EnumArg,
+    ListOptions,
+    RecallOptions,
+    StoreOptions,
+    TriggerOptions,
+    UpdateOptions,
+)
+from calor.client._subscription import EventStream, Resumer
 from calor.client.errors import translate_rpc_errors
-from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
+from calor.v1 import (
+    memory_pb2,
+    memory_service_pb2,
+    memory_service_pb2_grpc,
+    trigger_service_pb2,
+    trigger_service_pb2_grpc,
+)
 
-__all__ = ["CalorClient"]
+__all__ = ["CalorClient", "EventStream"]
 
 
 class CalorClient(_convert.ClientBase):
@@ -49,6 +63,7 @@ class CalorClient(_convert.ClientBase):
         self._owns_channel = grpc_channel is None
         self._grpc_channel = grpc.insecure_channel(target) if grpc_channel is None else grpc_channel
         self._stub = memory_service_pb2_grpc.MemoryServiceStub(self._grpc_channel)
+        self._triggers = trigger_service_pb2_grpc.TriggerServiceStub(self._grpc_channel)
         self._health = health_pb2_grpc.HealthStub(self._grpc_channel)
 
     def close(self) -> None:
@@ -235,3 +250,153 @@ class CalorClient(_convert.ClientBase):
                 health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
             )
         return _convert.serving_status(response.status)
+
+    # --- triggers and events --------------------------------------------------------
+
+    def create_trigger(
+        self,
+        *,
+        event: EnumArg,
+        action: EnumArg,
+        channel: str | None = None,
+        trigger_id: str = "",
+        **options: Unpack[TriggerOptions],
+    ) -> trigger_service_pb2.Trigger:
+        """Register a trigger: when ``event`` happens to a matching memory, do ``action``.
+
+        Example::
+
+            calor.create_trigger(
+                event="on_store", action="notify", filter_pattern=r"(?i)deadline",
+                config={"message": "deadline noted: {text}"},
+            )
+
+        Args:
+            event: ``"on_store"``, ``"on_recall"``, ``"on_boost"`` or ``"on_decay"``
+                (or an ``EventKind``).
+            action: ``"notify"``, ``"boost"``, ``"pin"``, ``"tag"``, ``"deprecate"``,
+                ``"webhook"`` or ``"chain"`` (or an ``ActionKind``).
+            channel: The channel it watches, instead of the client's.
+            trigger_id: Its id: 1-64 letters, digits or ``_.:-``; empty (the default)
+                lets the server choose one.
+            **options: Its action config, filters, limits and decay threshold: see
+                :class:`~calor.client._convert.TriggerOptions`.
+
+        Returns:
+            The trigger as registered, with its id.
+
+        Raises:
+            InvalidArgumentError: An unknown event, action or type, a bad pattern,
+                id or config.
+        """
+        request = _convert.trigger_request(self._in(channel), event, action, trigger_id, **options)
+        with translate_rpc_errors():
+            return self._triggers.CreateTrigger(request, timeout=self.timeout).trigger
+
+    def list_triggers(self, *, channel: str | None = None) -> list[trigger_service_pb2.Trigger]:
+        """The triggers of a channel, in id order, each with how often it has fired.
+
+        Args:
+            channel: The channel, instead of the client's; ``""`` lists every channel.
+
+        Returns:
+            Every trigger, fetched page by page.
+        """
+        request = trigger_service_pb2.ListTriggersRequest(channel=self._in(channel))
+        triggers: list[trigger_service_pb2.Trigger] = []
+        while True:
+            with translate_rpc_errors():
+                page = self._triggers.ListTriggers(request, timeout=self.timeout)
+            triggers.extend(page.triggers)
+            if not page.next_page_token:
+                return triggers
+            request.page_token = page.next_page_token
+
+    def delete_trigger(self, trigger_id: str) -> None:
+        """Remove a trigger; it fires no more (its history and logged events stay).
+
+        Raises:
+            NotFoundError: No trigger has that id.
+        """
+        request = trigger_service_pb2.DeleteTriggerRequest(id=trigger_id)
+        with translate_rpc_errors():
+            self._triggers.DeleteTrigger(request, timeout=self.timeout)
+
+    def trigger_history(self, trigger_id: str) -> list[trigger_service_pb2.TriggerFiring]:
+        """Every firing of a trigger, oldest first: when, on which memory, with what outcome."""
+        request = trigger_service_pb2.TriggerHistoryRequest(trigger_id=trigger_id)
+        firings: list[trigger_service_pb2.TriggerFiring] = []
+        while True:
+            with translate_rpc_errors():
+                page = self._triggers.TriggerHistory(request, timeout=self.timeout)
+            firings.extend(page.firings)
+            if not page.next_page_token:
+                return firings
+            request.page_token = page.next_page_token
+
+    def evaluate_triggers(
+        self, event: EnumArg, memory_id: str, *, channel: str | None = None
+    ) -> list[trigger_service_pb2.TriggerMatch]:
+        """A dry run: the triggers that would fire now for ``event`` on a memory.
+
+        Nothing fires and nothing changes. Each match holds the trigger and what it
+        would do (``would``).
+
+        Raises:
+            NotFoundError: No memory has that id in the channel.
+        """
+        request = trigger_service_pb2.EvaluateTriggersRequest(
+            channel=self._in(channel), event=_convert.parse_event(event), memory_id=memory_id
+        )
+        with translate_rpc_errors():
+            response = self._triggers.EvaluateTriggers(request, timeout=self.timeout)
+        return list(response.matches)
+
+    def subscribe(
+        self,
+        *,
+        channels: Iterable[str] = (),
+        kinds: Iterable[EnumArg] = (),
+        trigger_ids: Iterable[str] = (),
+        after_seq: int = 0,
+        resume: bool = True,
+    ) -> EventStream:
+        """Stream logged events: first those the log holds after ``after_seq``, then live ones.
+
+        Each event comes once, in sequence order. A filter left empty matches
+        everything: ``channels=()`` is every channel the caller may read (pass
+        ``[calor.channel]`` for the client's own). The stream has no deadline.
+
+        When the server ends the stream because the caller fell behind
+        (RESOURCE_EXHAUSTED) or it is going away (UNAVAILABLE), the stream
+        resubscribes by itself after the last event it yielded, waiting 0.2 s
+        doubling up to 5 s between attempts, so nothing is lost or repeated; after
+        10 failures in a row it raises the error. Iterating blocks; close the
+        stream (from any thread) or leave its ``with`` block to cancel the call.
+
+        Example::
+
+            with calor.subscribe(channels=["agent-7"], kinds=["notify"]) as events:
+                for event in events:
+                    print(event.seq, event.message)
+
+        Args:
+            channels: Only events of these channels.
+            kinds: Only these kinds: ``"on_store"``, ``"notify"``, ``"dream"``, …
+            trigger_ids: Only events caused by these triggers.
+            after_seq: Start after this sequence number (0: the oldest event kept).
+            resume: Resubscribe after RESOURCE_EXHAUSTED and UNAVAILABLE; with False
+                those are raised like any other error.
+
+        Returns:
+            An iterator of ``Event`` messages; its ``last_seq`` is the resume point.
+
+        Raises:
+            InvalidArgumentError: An unknown kind or a negative ``after_seq`` (at
+                once); a channel the server rejects (when iterating).
+        """
+        request = _convert.subscribe_request(channels, kinds, trigger_ids, after_seq)
+        return EventStream(
+            lambda req: self._triggers.Subscribe(req, timeout=None),
+            Resumer(request, resume=resume),
+        )
