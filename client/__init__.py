@@ -1,5 +1,6 @@
 """The Python client of Calor: ``CalorClient``, ``AsyncCalorClient`` and their errors."""
 
+from calor.client._subscription import EventStream
 from calor.client.aio import AsyncCalorClient
 from calor.client.client import CalorClient
 from calor.client.errors import (
@@ -20,6 +21,7 @@ __all__ = [
     "CalorClient",
     "CalorClientError",
     "DeadlineExceededError",
+    "EventStream",
     "InvalidArgumentError",
     "NotFoundError",
     "PermissionDeniedError",

