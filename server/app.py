@@ -130,6 +130,7 @@ class CalorServer:
         engine = await loop.run_in_executor(
             None, MemoryEngine.open, store, self.clock, ChannelPolicy()
         )
+        engine.background = self.runtime.executor.submit
         self._embeddings = EmbeddingQueue(embedder)
         triggers = TriggerEngine(
             store,

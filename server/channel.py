@@ -46,12 +46,14 @@ class Channel:
     dim: int
     records: dict[str, MemoryRecord] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    dream_lock: threading.Lock = field(default_factory=threading.Lock)
     graph: Graph = field(default_factory=Graph)
     state: ChannelState = field(default_factory=ChannelState)
     entity_members: dict[str, list[str]] = field(default_factory=dict)
     last_in_session: dict[str, tuple[str, float]] = field(default_factory=dict)
     changes: list[tuple[float, str]] = field(default_factory=list)
     cold_since_sweep: int = 0
+    conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
     _ids: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -139,11 +141,15 @@ class Channel:
         self._schedule(record, policy)
 
     def forget(self, tombstone: MemoryRecord) -> None:
-        """Swap in a tombstone: out of every index and the graph."""
+        """Swap in a tombstone: out of every index, the graph and its conflicts."""
         self.records[tombstone.id] = tombstone
         self.index.remove(tombstone.id)
         self.attic.remove(tombstone.id)
         self.graph.remove(tombstone.id)
+
+    def conflicts_of(self, memory_id: str) -> list[tuple[str, str]]:
+        """The open conflicts a memory is part of."""
+        return [pair for pair in self.conflicts if memory_id in pair]
 
     # --- scheduled state changes -------------------------------------------------
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from calor.server.records import DELETED, MemoryRecord
+from calor.models.entities import extract_entities
+from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
 
 __all__ = ["ListQuery", "NewMemory", "RecallQuery", "TagFilter", "UpdateChange"]
 
@@ -90,3 +91,19 @@ class UpdateChange:
     tags: dict[str, str] | None = None
     importance: float | None = None
     supersedes: str = ""
+    clear_merge: bool = False
+
+    def apply(self, record: MemoryRecord, now: float) -> None:
+        """Apply the correction to a (copied) record; a restored merge starts warm again."""
+        if self.clear_merge and record.state == MERGED:
+            record.state, record.merged_into = ACTIVE, ""
+            record.heat0, record.t0 = 1.0, now
+        if self.text is not None:
+            record.text = self.text
+            record.entities = extract_entities(self.text)
+        if self.memory_type is not None:
+            record.memory_type = self.memory_type
+        if self.tags is not None:
+            record.tags = dict(self.tags)
+        if self.importance is not None:
+            record.importance = self.importance

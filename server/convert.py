@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from calor.server.dream import DreamReport
 from calor.server.graph import Edge
 from calor.server.recall import Hit
 from calor.server.records import MemoryRecord
@@ -11,7 +12,14 @@ from calor.server.results import ChannelStatus
 from calor.server.temporal import TimeWindow
 from calor.v1 import memory_pb2, memory_service_pb2
 
-__all__ = ["edge_message", "hit_message", "memory_message", "status_message", "window_message"]
+__all__ = [
+    "dream_message",
+    "edge_message",
+    "hit_message",
+    "memory_message",
+    "status_message",
+    "window_message",
+]
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -88,6 +96,11 @@ def window_message(window: TimeWindow) -> memory_service_pb2.TimeWindow:
         end=_timestamp(window.end.timestamp()),
         phrase=window.phrase,
     )
+
+
+def dream_message(report: DreamReport) -> memory_service_pb2.DreamResponse:
+    """The dream report."""
+    return memory_service_pb2.DreamResponse(**report.__dict__)
 
 
 def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse:

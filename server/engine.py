@@ -13,10 +13,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from calor.models.entities import entity_key, extract_entities
+from calor.models.entities import entity_key
 from calor.server.channel import Channel
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
+from calor.server.dream import Dreamer, DreamReport, conflict_key
 from calor.server.errors import InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.graph import Edge
@@ -52,6 +53,8 @@ class MemoryEngine:
         self._store = store
         self._clock = clock
         self._reg = ChannelRegistry(store, clock, policy)
+        self._dreamer = Dreamer(self._reg, store)
+        self.background: Callable[[Callable[[], object]], object] = lambda work: work()
 
     @classmethod
     def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
@@ -276,9 +279,12 @@ class MemoryEngine:
             channel.replace(record, policy, clocks, self._store)
         if state is not None:
             # The consolidation sweep: the cold memories' heat and states are now
-            # materialised and due migrations done (above); dreams extend it (DESIGN §6).
+            # materialised and due migrations done (above); a dream over the cold
+            # memories follows, off this call (DESIGN §6).
             channel.state = state
             channel.cold_since_sweep = 0
+            name = channel.name
+            self.background(lambda: self.dream(name, cold_only=True))
 
     # --- reads -----------------------------------------------------------------
 
@@ -421,22 +427,19 @@ class MemoryEngine:
                 older.tags = {**older.tags, "deprecated": "true", "superseded_by": current.id}
                 older.updated_at = clocks.now
             changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
-            if change.text is not None:
-                changed.text = change.text
-                changed.entities = extract_entities(change.text)
-            if change.memory_type is not None:
-                changed.memory_type = change.memory_type
-            if change.tags is not None:
-                changed.tags = dict(change.tags)
-            if change.importance is not None:
-                changed.importance = change.importance
+            change.apply(changed, clocks.now)
             refresh_utility(changed, clocks.now)
+            resolved = live.conflicts_of(changed.id) if change.text is not None else []
             with self._store.batch() as batch:
                 batch.put_record(changed)
                 if vector is not None:
                     batch.put_vector(changed.channel, changed.id, vector)
                 if older is not None:
                     batch.put_record(older)
+                for a, b in resolved:  # a corrected text settles its conflicts
+                    batch.delete_raw(conflict_key(live.name, a, b))
+            for pair in resolved:
+                live.conflicts.pop(pair, None)
             if older is not None:
                 live.replace(older, policy, clocks, self._store)
             live.replace(changed, policy, clocks, self._store, vector)
@@ -457,15 +460,50 @@ class MemoryEngine:
                 if record is None or record.state == DELETED:
                     continue
                 gone.append(replace(record, state=DELETED, text="", updated_at=now))
+            settled = [pair for record in gone for pair in live.conflicts_of(record.id)]
             with self._store.batch() as batch:
                 for record in gone:
                     batch.put_record(record)
                     batch.delete_vector(channel, record.id)
                     for edge in live.graph.edges(record.id):
                         batch.delete_edge(channel, edge.from_id, edge.to_id, edge.kind)
+                for a, b in settled:
+                    batch.delete_raw(conflict_key(channel, a, b))
             for record in gone:
                 live.forget(record)
+            for pair in settled:
+                live.conflicts.pop(pair, None)
             return len(gone)
+
+    # --- dreams ----------------------------------------------------------------
+
+    def dream(self, channel: str, cold_only: bool = False) -> DreamReport:
+        """Consolidate a channel now (one dream per channel at a time)."""
+        live = self._reg.channel(channel)
+        with live.dream_lock, live.lock:
+            return self._dreamer.dream(live, cold_only)
+
+    def offer(self, channel: str, entropy: int) -> tuple[int, DreamReport | None]:
+        """Add offered bytes to the channel's entropy; dream when it crosses the threshold."""
+        live = self._reg.channel(channel)
+        policy = self._reg.policy(channel)
+        with live.lock:
+            state = replace(live.state, entropy=live.state.entropy + entropy)
+            crossed = state.entropy >= policy.entropy_threshold
+            if crossed:
+                state.entropy = 0
+            with self._store.batch() as batch:
+                batch.put_channel_state(channel, state.to_json())
+            live.state = state
+        return state.entropy, self.dream(channel) if crossed else None
+
+    def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
+        """The channel's open conflicts as (a, b, reason)."""
+        live = self._reg.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return [(a, b, reason) for (a, b), reason in sorted(live.conflicts.items())]
 
     def matching(self, channel: str, query: ListQuery) -> list[str]:
         """The ids of every memory a filter matches (for forget by filter)."""

@@ -65,6 +65,10 @@ class Graph:
             for kind, weight in sorted(kinds.items())
         ]
 
+    def kinds(self, a: str, b: str) -> frozenset[str]:
+        """The kinds of the edges between two memories."""
+        return frozenset(self._adjacent.get(a, {}).get(b, {}))
+
     def degree(self, memory_id: str) -> int:
         """How many memories this one is linked to."""
         return len(self._adjacent.get(memory_id, {}))

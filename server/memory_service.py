@@ -12,6 +12,7 @@ import numpy as np
 from calor.server.channel_state import active_gates
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.convert import (
+    dream_message,
     edge_message,
     hit_message,
     memory_message,
@@ -215,6 +216,10 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         policy = self._rt.engine.policy(channel)
         reply = status_message(status)
         reply.active_gates.extend(active_gates(policy))
+        conflicts = await self._rt.run(self._rt.engine.conflicts, channel)
+        reply.conflicts.extend(
+            memory_pb2.Conflict(a_id=a, b_id=b, reason=reason) for a, b, reason in conflicts
+        )
         reply.settings.CopyFrom(settings_message(policy))
         return reply
 
@@ -247,13 +252,25 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         await self._unimplemented("EntityCard", 7, context)
         return pb.EntityCardResponse()
 
+    @rpc_errors
     async def Dream(self, request: pb.DreamRequest, context: _Context) -> pb.DreamResponse:
-        await self._unimplemented("Dream", 5, context)
-        return pb.DreamResponse()
+        channel = self._rt.validator.channel(request.channel)
+        report = await self._rt.run(self._rt.engine.dream, channel)
+        return dream_message(report)
 
+    @rpc_errors
     async def Offer(self, request: pb.OfferRequest, context: _Context) -> pb.OfferResponse:
-        await self._unimplemented("Offer", 5, context)
-        return pb.OfferResponse()
+        channel = self._rt.validator.channel(request.channel)
+        limit = self._rt.config.limits.max_text_bytes * 32
+        if len(request.entropy) > limit:
+            raise InvalidArgumentError(f"entropy: more than {limit} bytes in one offer")
+        accumulated, report = await self._rt.run(
+            self._rt.engine.offer, channel, len(request.entropy)
+        )
+        reply = pb.OfferResponse(accumulated=accumulated, dreamed=report is not None)
+        if report is not None:
+            reply.report.CopyFrom(dream_message(report))
+        return reply
 
     async def Context(self, request: pb.ContextRequest, context: _Context) -> pb.ContextResponse:
         await self._unimplemented("Context", 7, context)

@@ -44,6 +44,9 @@ class ChannelRegistry:
             self.channel(record.channel).remember(record)
         for name, a, b, kind, weight in self._store.edges():
             self.channel(name).graph.add(a, b, kind, weight)
+        for key, reason in self._store.scan_raw(b"x:"):
+            name, a, b = (part.decode() for part in key[2:].split(b"\x00"))
+            self.channel(name).conflicts[(a, b)] = reason.decode()
         pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
         for name, memory_id, vector in self._store.vectors():
             owner = self._channels.get(name)

@@ -277,7 +277,7 @@ class Validator:
                 paths.add("memory_type")
             if request.tags:
                 paths.add("tags")
-        if not paths and not request.supersedes:
+        if not paths and not request.supersedes and not request.clear_merge:
             raise InvalidArgumentError("update: nothing to change")
         memory_type = None
         if "memory_type" in paths:
@@ -296,6 +296,7 @@ class Validator:
             supersedes=self.memory_id(request.supersedes, "supersedes")
             if request.supersedes
             else "",
+            clear_merge=request.clear_merge,
         )
 
     def delta(self, value: float) -> float:

@@ -1,0 +1,337 @@
+"""Dreams (DESIGN §6): the sleep cycle that keeps a channel dense, deduplicated and honest.
+
+Steps, in order, each counted in the report: materialise heat and states; cold
+migration; conflict detection; merging near-duplicate clusters; keystone promotion;
+type promotion; ghost echoes, then ghost pruning; archival; channel-heat cooling.
+Every merge is one atomic RocksDB batch, so a dream cut short by a crash leaves no
+half-merged memory, and the next dream finishes the work. Run again with nothing
+changed, a dream reports zero changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from calor.models.contrast import contradiction
+from calor.server.channel import Channel
+from calor.server.events import EventRecord
+from calor.server.lifecycle import Clocks, current_heat, evolve
+from calor.server.policy import ChannelPolicy
+from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, GHOST, MERGED, MemoryRecord
+from calor.server.registry import ChannelRegistry
+from calor.server.store import MemoryStore
+
+__all__ = ["CONFLICT_SIMILARITY", "MERGE_SIMILARITY", "DreamReport", "Dreamer", "conflict_key"]
+
+CONFLICT_SIMILARITY = 0.80
+MERGE_SIMILARITY = 0.85
+KEYSTONE_RECALLS, KEYSTONE_HEAT = 5, 0.70
+SEMANTIC_IMPORTANCE, SEMANTIC_RECALLS = 0.70, 5
+ARCHIVE_AGE_DAYS, ARCHIVE_HEAT, ARCHIVE_IMPORTANCE, ARCHIVE_RECALLS = 90.0, 0.15, 0.30, 3
+ARCHIVE_EXEMPT = frozenset({"semantic", "procedural", "core"})
+PRUNE_HEAT = 1e-3
+_NEIGHBOURS = 16
+_LIVE = frozenset({ACTIVE, COLD})
+DAY = 86_400.0
+
+
+@dataclass
+class DreamReport:
+    """What a dream changed, step by step."""
+
+    migrated: int = 0
+    merged: int = 0
+    keystoned: int = 0
+    promoted: int = 0
+    echoed: int = 0
+    pruned: int = 0
+    archived: int = 0
+    conflicts: int = 0
+    channel_heat_before: float = 0.0
+    channel_heat_after: float = 0.0
+    duration_ms: int = 0
+
+    def payload(self) -> dict[str, str]:
+        """The report as event payload fields."""
+        return {k: str(v) for k, v in self.__dict__.items()}
+
+
+def conflict_key(channel: str, a: str, b: str) -> bytes:
+    """The RocksDB key of an open conflict between two memories (order-free)."""
+    low, high = sorted((a, b))
+    return b"x:" + b"\x00".join(part.encode() for part in (channel, low, high))
+
+
+class Dreamer:
+    """Runs dreams over a channel's live view; the caller holds the channel's lock."""
+
+    def __init__(self, registry: ChannelRegistry, store: MemoryStore) -> None:
+        self._reg = registry
+        self._store = store
+
+    def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
+        """Dream once over the channel (or, for a consolidation sweep, its cold memories)."""
+        started = time.perf_counter()
+        policy = self._reg.policy(channel.name)
+        clocks = self._reg.clocks(channel)
+        report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
+        report.migrated = self._materialise(channel, policy, clocks)
+        scope = self._scope(channel, policy, clocks, cold_only)
+        pairs = self._close_pairs(channel, scope)
+        report.conflicts = self._detect_conflicts(channel, pairs)
+        report.merged = self._merge(channel, pairs, policy, clocks)
+        report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
+        report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
+        report.archived = self._archive(channel, policy, clocks)
+        state = replace(channel.state)
+        state.cool(policy, clocks.now)
+        report.channel_heat_after = state.heat(policy, clocks.now)
+        report.duration_ms = int((time.perf_counter() - started) * 1000)
+        with self._store.batch() as batch:
+            batch.put_channel_state(channel.name, state.to_json())
+            batch.append_event(
+                EventRecord(
+                    kind="dream",
+                    channel=channel.name,
+                    at=clocks.now,
+                    message="dream",
+                    payload=report.payload(),
+                )
+            )
+        channel.state = state
+        return report
+
+    # --- steps ---------------------------------------------------------------------
+
+    def _write(
+        self,
+        channel: Channel,
+        records: Iterable[MemoryRecord],
+        policy: ChannelPolicy,
+        clocks: Clocks,
+    ) -> None:
+        records = list(records)
+        if not records:
+            return
+        with self._store.batch() as batch:
+            for record in records:
+                batch.put_record(record)
+        for record in records:
+            channel.replace(record, policy, clocks, self._store)
+
+    def _materialise(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
+        """Persist every state that changed by itself; count moves to cold storage."""
+        changed = [
+            evolved
+            for record in channel.records.values()
+            if (evolved := evolve(record, policy, clocks)) is not record
+        ]
+        migrated = sum(1 for r in changed if r.state == ARCHIVED)
+        self._write(channel, changed, policy, clocks)
+        return migrated
+
+    def _scope(
+        self, channel: Channel, policy: ChannelPolicy, clocks: Clocks, cold_only: bool
+    ) -> list[str]:
+        wanted = frozenset({COLD}) if cold_only else _LIVE
+        return sorted(i for i, r in channel.records.items() if r.state in wanted)
+
+    def _close_pairs(self, channel: Channel, scope: list[str]) -> dict[tuple[str, str], float]:
+        """Pairs of live memories at least CONFLICT_SIMILARITY apart, with their cosine."""
+        if not scope:
+            return {}
+        vectors = [channel.index.vector(i) for i in scope]
+        present = [(i, v) for i, v in zip(scope, vectors, strict=True) if v is not None]
+        if not present:
+            return {}
+        matrix = np.stack([v for _, v in present])
+        sims, labels = channel.index.search_many(matrix, _NEIGHBOURS)
+        pairs: dict[tuple[str, str], float] = {}
+        for row, (memory_id, _) in enumerate(present):
+            for sim, label in zip(sims[row], labels[row], strict=True):
+                if label < 0 or sim < CONFLICT_SIMILARITY:
+                    continue
+                other = channel.index.memory_id(int(label))
+                if other != memory_id:
+                    pairs[(min(memory_id, other), max(memory_id, other))] = float(sim)
+        return pairs
+
+    def _detect_conflicts(self, channel: Channel, pairs: dict[tuple[str, str], float]) -> int:
+        found: dict[tuple[str, str], str] = {}
+        for (a, b), _ in sorted(pairs.items()):
+            if (a, b) in channel.conflicts:
+                continue
+            reason = contradiction(channel.records[a].text, channel.records[b].text)
+            if reason is not None:
+                found[(a, b)] = reason
+        if found:
+            with self._store.batch() as batch:
+                for (a, b), reason in found.items():
+                    batch.put_raw(conflict_key(channel.name, a, b), reason.encode())
+            channel.conflicts.update(found)
+        return len(found)
+
+    def _merge(
+        self,
+        channel: Channel,
+        pairs: dict[tuple[str, str], float],
+        policy: ChannelPolicy,
+        clocks: Clocks,
+    ) -> int:
+        close = {
+            p for p, s in pairs.items() if s >= MERGE_SIMILARITY and p not in channel.conflicts
+        }
+        if not close:
+            return 0
+        heat = {i: current_heat(channel.records[i], policy, clocks) for p in close for i in p}
+        order = sorted(heat, key=lambda i: (not channel.records[i].keystone, -heat[i], i))
+        taken: set[str] = set()
+        merged = 0
+        for seed in order:
+            if seed in taken:
+                continue
+            cluster = [seed]
+            for other in order:
+                if other in taken or other in cluster:
+                    continue
+                if all((min(other, m), max(other, m)) in close for m in cluster):
+                    if channel.records[other].keystone and not channel.records[seed].keystone:
+                        continue  # a keystone is never absorbed into a non-keystone
+                    cluster.append(other)
+            if len(cluster) > 1:
+                taken.update(cluster)
+                self._absorb(channel, cluster[0], cluster[1:], policy, clocks)
+                merged += len(cluster) - 1
+        return merged
+
+    def _absorb(
+        self,
+        channel: Channel,
+        survivor_id: str,
+        absorbed_ids: list[str],
+        policy: ChannelPolicy,
+        clocks: Clocks,
+    ) -> None:
+        """Fold ``absorbed_ids`` into the survivor, in one atomic batch."""
+        survivor = replace(channel.records[survivor_id])
+        absorbed = [replace(channel.records[i]) for i in absorbed_ids]
+        heat = max(current_heat(r, policy, clocks) for r in [survivor, *absorbed])
+        survivor.heat0, survivor.t0 = heat, clocks.now
+        survivor.interactions0 = clocks.interactions
+        survivor.recall_count += sum(r.recall_count for r in absorbed)
+        survivor.merged_from = sorted({*survivor.merged_from, *absorbed_ids})
+        for record in absorbed:
+            survivor.tags = {**record.tags, **survivor.tags}
+            record.state, record.merged_into, record.updated_at = MERGED, survivor.id, clocks.now
+        survivor.updated_at = clocks.now
+        moved = []
+        with self._store.batch() as batch:
+            for record in absorbed:
+                for edge in channel.graph.edges(record.id):
+                    batch.delete_edge(channel.name, edge.from_id, edge.to_id, edge.kind)
+                    if edge.to_id not in (survivor.id, *absorbed_ids):
+                        batch.put_edge(
+                            channel.name, survivor.id, edge.to_id, edge.kind, edge.weight
+                        )
+                        moved.append((edge.to_id, edge.kind, edge.weight))
+                batch.put_record(record)
+            batch.put_record(survivor)
+        for record in absorbed:
+            channel.graph.remove(record.id)
+            channel.replace(record, policy, clocks, self._store)
+        for other, kind, weight in moved:
+            channel.graph.add(survivor.id, other, kind, weight)
+        channel.replace(survivor, policy, clocks, self._store)
+
+    def _promote(
+        self, channel: Channel, policy: ChannelPolicy, clocks: Clocks, scope: list[str]
+    ) -> tuple[int, int]:
+        """Keystones for the much-recalled and hot; working → episodic → semantic."""
+        changed: dict[str, MemoryRecord] = {}
+        keystoned = promoted = 0
+        for memory_id in scope:
+            record = channel.records[memory_id]
+            if record.state not in _LIVE:
+                continue
+            heat = current_heat(record, policy, clocks)
+            update = replace(
+                record,
+                heat0=heat,
+                t0=clocks.now,
+                interactions0=clocks.interactions,
+                updated_at=clocks.now,
+            )
+            if (
+                not record.keystone
+                and record.recall_count >= KEYSTONE_RECALLS
+                and heat >= KEYSTONE_HEAT
+            ):
+                update.keystone = True
+                keystoned += 1
+                changed[memory_id] = update
+            new_type = _promoted_type(record)
+            if new_type is not None:
+                update.memory_type = new_type
+                promoted += 1
+                changed[memory_id] = update
+        self._write(channel, changed.values(), policy, clocks)
+        return keystoned, promoted
+
+    def _ghosts(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> tuple[int, int]:
+        ghosts = [r for r in channel.records.values() if r.state == GHOST]
+        echoes: set[tuple[str, str]] = set()
+        for ghost in ghosts:
+            live = sorted(
+                n
+                for n in channel.graph.neighbours(ghost.id)
+                if channel.records.get(n) is not None and channel.records[n].state in _LIVE
+            )
+            for i, a in enumerate(live):
+                for b in live[i + 1 :]:
+                    if "echo" not in channel.graph.kinds(a, b):
+                        echoes.add((a, b))
+        doomed = [g for g in ghosts if current_heat(g, policy, clocks) < PRUNE_HEAT]
+        with self._store.batch() as batch:
+            for a, b in sorted(echoes):
+                batch.put_edge(channel.name, a, b, "echo", 0.5)
+            for ghost in doomed:
+                for edge in channel.graph.edges(ghost.id):
+                    batch.delete_edge(channel.name, edge.from_id, edge.to_id, edge.kind)
+                batch.put_record(replace(ghost, state=DELETED, text="", updated_at=clocks.now))
+                batch.delete_vector(channel.name, ghost.id)
+        for a, b in echoes:
+            channel.graph.add(a, b, "echo", 0.5)
+        for ghost in doomed:
+            channel.forget(replace(ghost, state=DELETED, text="", updated_at=clocks.now))
+        return len(echoes), len(doomed)
+
+    def _archive(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
+        old = [
+            replace(r, state=ARCHIVED, updated_at=clocks.now)
+            for r in channel.records.values()
+            if r.state in _LIVE
+            and not r.keystone
+            and r.memory_type not in ARCHIVE_EXEMPT
+            and clocks.now - r.created_at > ARCHIVE_AGE_DAYS * DAY
+            and current_heat(r, policy, clocks) < ARCHIVE_HEAT
+            and r.importance < ARCHIVE_IMPORTANCE
+            and r.recall_count < ARCHIVE_RECALLS
+        ]
+        self._write(channel, old, policy, clocks)
+        return len(old)
+
+
+def _promoted_type(record: MemoryRecord) -> str | None:
+    if record.memory_type == "working":
+        return "episodic"
+    if (
+        record.memory_type == "episodic"
+        and record.importance >= SEMANTIC_IMPORTANCE
+        and record.recall_count >= SEMANTIC_RECALLS
+    ):
+        return "semantic"
+    return None
