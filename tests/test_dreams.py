@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from calor.server.clock import ManualClock
+from calor.models.embedder import OnnxEmbedder
+from calor.server.clock import ManualClock, SystemClock
+from calor.server.commands import NewMemory
+from calor.server.engine import MemoryEngine
+from calor.server.policy import ChannelPolicy
+from calor.server.store import MemoryStore, WriteBatch
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2 as spb
@@ -171,3 +180,64 @@ def test_dreams_promote_working_memory_and_cool_the_channel(
             )
         )
     ) == ["Scratch: the build number is 4411."]
+
+
+class _FailingAfter:
+    """Wraps a store so that its batches start failing after ``budget`` commits (a crash
+    in the middle of a dream, at the storage seam)."""
+
+    def __init__(self, store: MemoryStore, budget: int) -> None:
+        self._store = store
+        self.budget = budget
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    @contextmanager
+    def batch(self) -> Iterator[WriteBatch]:
+        if self.budget <= 0:
+            raise OSError("injected crash")
+        self.budget -= 1
+        with self._store.batch() as batch:
+            yield batch
+
+
+@pytest.mark.parametrize("budget", [0, 1, 2])
+def test_a_dream_cut_short_leaves_the_channel_consistent_and_the_next_finishes(
+    embedder: OnnxEmbedder, tmp_path: Path, budget: int
+) -> None:
+    store_ = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
+    engine = MemoryEngine.open(store_, SystemClock(), ChannelPolicy())
+    groups = [
+        PARAPHRASES,
+        [
+            "The user's cat is called Miso.",
+            "The user has a cat named Miso.",
+            "Miso is the name of the user's cat.",
+        ],
+    ]
+    items = [NewMemory(channel="d", text=t, memory_type="fact") for g in groups for t in g]
+    engine.store(items, embedder.embed_passages([i.text for i in items]))
+    engine._store = _FailingAfter(store_, budget=budget)  # type: ignore[assignment]
+    engine._dreamer._store = engine._store  # type: ignore[assignment]
+    with pytest.raises(OSError):
+        engine.dream("d")
+    store_.close()
+
+    reopened = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
+    again = MemoryEngine.open(reopened, SystemClock(), ChannelPolicy())
+    records = {r.id: r for r in reopened.records("d")}
+    merged_before = sum(r.state == "merged" for r in records.values())
+    # 0: cut before any merge; 1: after one cluster of two (2 or 4 absorbed); 2: both.
+    assert merged_before in ({0}, {2, 4}, {6})[budget]
+    for record in records.values():
+        if record.state == "merged":
+            assert record.id in records[record.merged_into].merged_from
+        for absorbed in record.merged_from:
+            assert records[absorbed].state == "merged"
+    report = again.dream("d")
+    after = {r.id: r for r in reopened.records("d")}
+    survivors = [r for r in after.values() if r.state != "merged"]
+    assert len(survivors) == 2
+    assert report.merged + merged_before == 6
+    reopened.close()
