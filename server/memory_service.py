@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from calor.server.convert import (
     window_message,
 )
 from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
+from calor.server.markdown import MarkdownReader, render_header, render_memory, to_new_memory
 from calor.server.records import MemoryRecord
 from calor.server.results import Stored
 from calor.server.rpc import abort_with, rpc_errors
@@ -30,6 +32,8 @@ from calor.v1 import memory_pb2, memory_service_pb2_grpc
 from calor.v1 import memory_service_pb2 as pb
 
 __all__ = ["MemoryServicer"]
+
+_EXPORT_PAGE = 200
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -283,11 +287,65 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Export(
         self, request: pb.ExportRequest, context: _Context
     ) -> AsyncIterator[pb.ExportResponse]:
-        await self._unimplemented("Export", 5, context)
-        yield pb.ExportResponse()
+        """The channel as Markdown: a header, then sections in id order, a page at a time."""
+        try:
+            channel = self._rt.validator.channel(request.channel)
+            states = frozenset(
+                {"active", "cold", *(("archived",) if request.include_archived else ())}
+            )
+            total = len(
+                await self._rt.run(
+                    self._rt.engine.matching, channel, ListQuery(channel=channel, states=states)
+                )
+            )
+            header = render_header(channel, self._rt.clock.now(), total)
+            yield pb.ExportResponse(markdown=header, memories=0)
+            query = ListQuery(channel=channel, page_size=_EXPORT_PAGE, states=states)
+            while True:
+                page, after = await self._rt.run(self._rt.engine.list_page, query)
+                engine = self._rt.engine
+                sections = [render_memory(r, engine.heat(r), engine.evolved(r).state) for r in page]
+                if sections:
+                    yield pb.ExportResponse(markdown="".join(sections), memories=len(sections))
+                if not after:
+                    return
+                query = replace(query, after_id=after)
+        except CalorError as error:
+            await abort_with(context, error)
 
     async def Import(
         self, request_iterator: AsyncIterator[pb.ImportRequest], context: _Context
     ) -> pb.ImportResponse:
-        await self._unimplemented("Import", 5, context)
-        return pb.ImportResponse()
+        """Markdown (an export, or a plain list of notes) in as memories, all or nothing:
+        parsed and embedded as it arrives, stored together in one batch."""
+        try:
+            items = await self._read_import(request_iterator)
+            vectors = await self._rt.embeddings.passages([i.text for i in items])
+            stored = await self._rt.run(self._rt.engine.store, items, vectors)
+        except CalorError as error:
+            await abort_with(context, error)
+            raise  # unreachable: abort raises
+        return pb.ImportResponse(ids=[s.record.id for s in stored])
+
+    async def _read_import(self, requests: AsyncIterator[pb.ImportRequest]) -> list[NewMemory]:
+        validator = self._rt.validator
+        reader = MarkdownReader()
+        channel = ""
+        items: list[NewMemory] = []
+        async for request in requests:
+            if request.channel and request.channel != channel:
+                if channel:
+                    raise InvalidArgumentError("channel: one import goes to one channel")
+                channel = validator.channel(request.channel)
+            if not channel:
+                raise InvalidArgumentError("channel: the first message must name the channel")
+            items.extend(
+                validator.imported(to_new_memory(p, channel), p.line)
+                for p in reader.feed(request.markdown)
+            )
+            if len(items) > self._rt.config.limits.max_stream_items:
+                raise InvalidArgumentError("Import: too many memories in one import")
+        items.extend(validator.imported(to_new_memory(p, channel), p.line) for p in reader.finish())
+        if not items:
+            raise InvalidArgumentError("Import: the Markdown held no memories")
+        return items

@@ -198,6 +198,19 @@ class Validator:
             provenance=self.tags(request.provenance, "provenance"),
         )
 
+    def imported(self, item: NewMemory, line: int) -> NewMemory:
+        """A memory read from imported Markdown, held to the same limits as a store."""
+        try:
+            self.text(item.text)
+            self.tags(item.tags)
+            if item.created_at is not None and item.created_at > (
+                self._clock.now() + self.limits.max_future_skew_seconds
+            ):
+                raise InvalidArgumentError("created_at: must not be in the future")
+        except InvalidArgumentError as error:
+            raise InvalidArgumentError(f"line {line}: {error.message}") from None
+        return item
+
     def limit(self, value: int, field: str, default: int, cap: int) -> int:
         """A count in 1..cap; 0 means ``default``."""
         if value < 0 or value > cap:
