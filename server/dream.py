@@ -19,6 +19,7 @@ import numpy as np
 from calor.models.contrast import contradiction
 from calor.server.channel import Channel
 from calor.server.events import EventRecord
+from calor.server.index import ScratchIndex
 from calor.server.lifecycle import Clocks, current_heat, evolve
 from calor.server.policy import ChannelPolicy
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, GHOST, MERGED, MemoryRecord
@@ -74,35 +75,48 @@ class Dreamer:
         self._store = store
 
     def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
-        """Dream once over the channel (or, for a consolidation sweep, its cold memories)."""
+        """Dream once over the channel (or, for a consolidation sweep, its cold memories).
+
+        Each step holds the channel's lock only while it reads or writes the channel;
+        the similarity search runs on a snapshot, so stores and recalls go on meanwhile.
+        """
         started = time.perf_counter()
         policy = self._reg.policy(channel.name)
-        clocks = self._reg.clocks(channel)
-        report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
-        report.migrated = self._materialise(channel, policy, clocks)
-        scope = self._scope(channel, policy, clocks, cold_only)
-        pairs = self._close_pairs(channel, scope)
-        report.conflicts = self._detect_conflicts(channel, pairs)
-        report.merged = self._merge(channel, pairs, policy, clocks)
-        report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
-        report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
-        report.archived = self._archive(channel, policy, clocks)
-        state = replace(channel.state)
-        state.cool(policy, clocks.now)
-        report.channel_heat_after = state.heat(policy, clocks.now)
-        report.duration_ms = int((time.perf_counter() - started) * 1000)
-        with self._store.batch() as batch:
-            batch.put_channel_state(channel.name, state.to_json())
-            batch.append_event(
-                EventRecord(
-                    kind="dream",
-                    channel=channel.name,
-                    at=clocks.now,
-                    message="dream",
-                    payload=report.payload(),
-                )
+        with channel.lock:
+            clocks = self._reg.clocks(channel)
+            report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
+            report.migrated = self._materialise(channel, policy, clocks)
+            scope = self._scope(channel, cold_only)
+            snapshot = [(i, v) for i in scope if (v := channel.index.vector(i)) is not None]
+        pairs = _close_pairs(snapshot)
+        with channel.lock:
+            pairs = {p: s for p, s in pairs.items() if all(_live(channel, i) for i in p)}
+            report.conflicts = self._detect_conflicts(channel, pairs)
+            clusters = self._clusters(channel, pairs, policy, clocks)
+        for cluster in clusters:
+            with channel.lock:
+                if all(_live(channel, i) for i in cluster):
+                    self._absorb(channel, cluster[0], cluster[1:], policy, clocks)
+                    report.merged += len(cluster) - 1
+        with channel.lock:
+            report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
+            report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
+            report.archived = self._archive(channel, policy, clocks)
+            state = replace(channel.state)
+            state.cool(policy, clocks.now)
+            report.channel_heat_after = state.heat(policy, clocks.now)
+            report.duration_ms = int((time.perf_counter() - started) * 1000)
+            event = EventRecord(
+                kind="dream",
+                channel=channel.name,
+                at=clocks.now,
+                message="dream",
+                payload=report.payload(),
             )
-        channel.state = state
+            with self._store.batch() as batch:
+                batch.put_channel_state(channel.name, state.to_json())
+                batch.append_event(event)
+            channel.state = state
         return report
 
     # --- steps ---------------------------------------------------------------------
@@ -134,31 +148,9 @@ class Dreamer:
         self._write(channel, changed, policy, clocks)
         return migrated
 
-    def _scope(
-        self, channel: Channel, policy: ChannelPolicy, clocks: Clocks, cold_only: bool
-    ) -> list[str]:
+    def _scope(self, channel: Channel, cold_only: bool) -> list[str]:
         wanted = frozenset({COLD}) if cold_only else _LIVE
         return sorted(i for i, r in channel.records.items() if r.state in wanted)
-
-    def _close_pairs(self, channel: Channel, scope: list[str]) -> dict[tuple[str, str], float]:
-        """Pairs of live memories at least CONFLICT_SIMILARITY apart, with their cosine."""
-        if not scope:
-            return {}
-        vectors = [channel.index.vector(i) for i in scope]
-        present = [(i, v) for i, v in zip(scope, vectors, strict=True) if v is not None]
-        if not present:
-            return {}
-        matrix = np.stack([v for _, v in present])
-        sims, labels = channel.index.search_many(matrix, _NEIGHBOURS)
-        pairs: dict[tuple[str, str], float] = {}
-        for row, (memory_id, _) in enumerate(present):
-            for sim, label in zip(sims[row], labels[row], strict=True):
-                if label < 0 or sim < CONFLICT_SIMILARITY:
-                    continue
-                other = channel.index.memory_id(int(label))
-                if other != memory_id:
-                    pairs[(min(memory_id, other), max(memory_id, other))] = float(sim)
-        return pairs
 
     def _detect_conflicts(self, channel: Channel, pairs: dict[tuple[str, str], float]) -> int:
         found: dict[tuple[str, str], str] = {}
@@ -175,22 +167,24 @@ class Dreamer:
             channel.conflicts.update(found)
         return len(found)
 
-    def _merge(
+    def _clusters(
         self,
         channel: Channel,
         pairs: dict[tuple[str, str], float],
         policy: ChannelPolicy,
         clocks: Clocks,
-    ) -> int:
+    ) -> list[list[str]]:
+        """Groups in which every pair is at least MERGE_SIMILARITY close and none is in
+        conflict; the first of each group survives (a keystone, else the hottest)."""
         close = {
-            p for p, s in pairs.items() if s >= MERGE_SIMILARITY and p not in channel.conflicts
+            pair
+            for pair, similarity in pairs.items()
+            if similarity >= MERGE_SIMILARITY and pair not in channel.conflicts
         }
-        if not close:
-            return 0
         heat = {i: current_heat(channel.records[i], policy, clocks) for p in close for i in p}
         order = sorted(heat, key=lambda i: (not channel.records[i].keystone, -heat[i], i))
         taken: set[str] = set()
-        merged = 0
+        clusters: list[list[str]] = []
         for seed in order:
             if seed in taken:
                 continue
@@ -204,9 +198,8 @@ class Dreamer:
                     cluster.append(other)
             if len(cluster) > 1:
                 taken.update(cluster)
-                self._absorb(channel, cluster[0], cluster[1:], policy, clocks)
-                merged += len(cluster) - 1
-        return merged
+                clusters.append(cluster)
+        return clusters
 
     def _absorb(
         self,
@@ -335,3 +328,23 @@ def _promoted_type(record: MemoryRecord) -> str | None:
     ):
         return "semantic"
     return None
+
+
+def _live(channel: Channel, memory_id: str) -> bool:
+    record = channel.records.get(memory_id)
+    return record is not None and record.state in _LIVE
+
+
+def _close_pairs(snapshot: list[tuple[str, np.ndarray]]) -> dict[tuple[str, str], float]:
+    """Pairs of memories at least CONFLICT_SIMILARITY apart, with their cosine."""
+    if len(snapshot) < 2:
+        return {}
+    index = ScratchIndex(snapshot[0][1].shape[0])
+    matrix = np.stack([v for _, v in snapshot])
+    index.add([i for i, _ in snapshot], matrix)
+    pairs: dict[tuple[str, str], float] = {}
+    for (memory_id, _), found in zip(snapshot, index.search(matrix, _NEIGHBOURS), strict=True):
+        for similarity, other in found:
+            if other != memory_id and similarity >= CONFLICT_SIMILARITY:
+                pairs[(min(memory_id, other), max(memory_id, other))] = similarity
+    return pairs

@@ -480,7 +480,7 @@ class MemoryEngine:
     def dream(self, channel: str, cold_only: bool = False) -> DreamReport:
         """Consolidate a channel now (one dream per channel at a time)."""
         live = self._reg.channel(channel)
-        with live.dream_lock, live.lock:
+        with live.dream_lock:
             return self._dreamer.dream(live, cold_only)
 
     def offer(self, channel: str, entropy: int) -> tuple[int, DreamReport | None]:
