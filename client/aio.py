@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable
+from contextlib import aclosing
 from typing import Self, Unpack
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calor.client import _convert
+from calor.client import _convert, _transfer
 from calor.client._convert import (
     EnumArg,
     ListOptions,
@@ -20,6 +21,7 @@ from calor.client._convert import (
     UpdateOptions,
 )
 from calor.client._subscription import Resumer
+from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
 from calor.client.errors import from_rpc_error, translate_rpc_errors
 from calor.v1 import (
     memory_pb2,
@@ -191,6 +193,50 @@ class AsyncCalorClient(_convert.ClientBase):
         request = memory_service_pb2.IdentityRequest(channel=self._in(channel))
         with translate_rpc_errors():
             return await self._stub.Identity(request, timeout=self.timeout)
+
+    async def export(
+        self, *, channel: str | None = None, include_archived: bool = False
+    ) -> AsyncGenerator[memory_service_pb2.ExportResponse, None]:
+        """Stream a channel out as Markdown, header first; see :meth:`CalorClient.export`.
+
+        Use it with ``async for``; ``aclose()`` before the end cancels the call.
+        """
+        request = _transfer.export_request(self._in(channel), include_archived)
+        call = self._stub.Export(request, timeout=self.timeout)
+        try:
+            with translate_rpc_errors():
+                async for response in call:
+                    yield response
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    async def import_markdown(
+        self,
+        source: MarkdownSource | AsyncIterable[str],
+        *,
+        channel: str | None = None,
+        chunk_chars: int = DEFAULT_CHUNK_CHARS,
+    ) -> list[str]:
+        """Store the memories that Markdown holds, all or nothing.
+
+        See :meth:`CalorClient.import_markdown`; ``source`` may also be an async
+        iterable of pieces (a plain iterable is read on the event loop). If reading
+        it raises, the call is cancelled, nothing is stored, and the error propagates.
+        """
+        requests = _transfer.aimport_requests(self._in(channel), source, chunk_chars)
+        call = self._stub.Import(timeout=self.timeout)
+        try:
+            async with aclosing(requests):
+                with translate_rpc_errors():
+                    async for request in requests:
+                        if call.done():  # the server has answered (refused) already
+                            break
+                        await call.write(request)
+                    await call.done_writing()  # does nothing once the call is done
+                    response = await call
+        finally:
+            call.cancel()  # when reading the source failed; a no-op once the call is done
+        return list(response.ids)
 
     async def health(self) -> str:
         """The server's overall health: ``"SERVING"`` or ``"NOT_SERVING"``."""

@@ -20,6 +20,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from calor.client import _render
+from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._convert import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client.client import CalorClient
@@ -52,8 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     handler: Handler = args.handler
+    output: Output | None = None
     try:
-        with CalorClient(args.target, channel=args.channel) as client:
+        client = CalorClient(args.target, channel=args.channel, timeout=args.call_timeout)
+        with client, _quiet_broken_pipe():  # `calor export | head` ends quietly
             output = handler(client, args)
     except CalorClientError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -62,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"(is a server running at {args.target}? `calor serve` starts one)", file=sys.stderr
             )
         return 2 if isinstance(err, InvalidArgumentError) else 1
+    except OSError as err:  # a file to import or export to that cannot be opened, …
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     if output is not None:
@@ -261,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="calor", description="Calor: memories with heat, for AI agents."
     )
     _global_options(parser, with_defaults=True)
+    parser.set_defaults(call_timeout=30.0)  # seconds per call; export and import set None
     shared = argparse.ArgumentParser(add_help=False)
     _global_options(shared, with_defaults=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -395,6 +402,7 @@ def _parser() -> argparse.ArgumentParser:
     # For scripts and tests: stop after N events (left out of --help).
     subscribe.add_argument("--max-events", type=int, default=0, help=argparse.SUPPRESS)
 
+    add_transfer_commands(commands, shared)
     add_trigger_commands(commands, shared)
     return parser
 

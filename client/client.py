@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Self, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calor.client import _convert
+from calor.client import _convert, _transfer
 from calor.client._convert import (
     EnumArg,
     ListOptions,
@@ -18,7 +18,8 @@ from calor.client._convert import (
     UpdateOptions,
 )
 from calor.client._subscription import EventStream, Resumer
-from calor.client.errors import translate_rpc_errors
+from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
+from calor.client.errors import ServerError, translate_rpc_errors
 from calor.v1 import (
     memory_pb2,
     memory_service_pb2,
@@ -241,6 +242,94 @@ class CalorClient(_convert.ClientBase):
         request = memory_service_pb2.IdentityRequest(channel=self._in(channel))
         with translate_rpc_errors():
             return self._stub.Identity(request, timeout=self.timeout)
+
+    def export(
+        self, *, channel: str | None = None, include_archived: bool = False
+    ) -> Generator[memory_service_pb2.ExportResponse, None, None]:
+        """Stream a channel out as Markdown, a chunk at a time.
+
+        The first message is the header (``memories`` 0), whose text counts the
+        memories (``· 3 memories``: :func:`~calor.client._transfer.export_total` reads
+        it); each later one holds ``memories`` whole sections. Joined, the ``markdown``
+        of every message is a document that :meth:`import_markdown` reads back.
+
+        Nothing is sent until the first message is asked for, and the client's
+        ``timeout`` bounds the whole stream: make the client with ``timeout=None`` to
+        export a large channel. Closing the generator (or dropping it) before the end
+        cancels the call.
+
+        Example::
+
+            with open("agent-7.md", "w", encoding="utf-8", newline="") as out:
+                for chunk in calor.export():
+                    out.write(chunk.markdown)
+
+        Args:
+            channel: The channel to export, instead of the client's.
+            include_archived: Export archived memories too (cold and active ones always).
+
+        Returns:
+            A generator of ``ExportResponse`` messages, header first.
+        """
+        request = _transfer.export_request(self._in(channel), include_archived)
+        call = self._stub.Export(request, timeout=self.timeout)
+        try:
+            with translate_rpc_errors():
+                yield from call
+        finally:
+            call.cancel()  # when the caller stops early; a no-op once the stream has ended
+
+    def import_markdown(
+        self,
+        source: MarkdownSource,
+        *,
+        channel: str | None = None,
+        chunk_chars: int = DEFAULT_CHUNK_CHARS,
+    ) -> list[str]:
+        """Store the memories that Markdown holds: an export, or a plain list of notes.
+
+        The text streams to the server in chunks of ``chunk_chars`` characters, read
+        from ``source`` as they are sent. The import is all or nothing: on bad input
+        nothing is stored. The client's ``timeout`` bounds the whole call.
+
+        Example::
+
+            with open("agent-7.md", encoding="utf-8", newline="") as notes:
+                ids = calor.import_markdown(notes, channel="agent-7-copy")
+
+        Args:
+            source: The Markdown: the whole text, or its pieces in order (an open text
+                file yields its lines; open it with ``newline=""`` so that a lone
+                ``"\r"`` in a memory's text survives).
+            channel: The channel to import into, instead of the client's.
+            chunk_chars: Characters per message, at least 1.
+
+        Returns:
+            The new memories' ids, in document order.
+
+        Raises:
+            InvalidArgumentError: The Markdown is malformed (the message names the
+                line) or holds no memories, or ``chunk_chars`` is less than 1.
+            Exception: Whatever reading ``source`` raised; the call is cancelled and
+                nothing is stored.
+        """
+        requests = _transfer.GuardedRequests(
+            _transfer.import_requests(self._in(channel), source, chunk_chars)
+        )
+        with translate_rpc_errors():
+            call = self._stub.Import.future(requests, timeout=self.timeout)
+            requests.attach(call)
+            try:
+                response = call.result()
+            except (grpc.RpcError, grpc.FutureCancelledError) as err:
+                if requests.error is not None:
+                    raise requests.error from None  # the source failed: the call was cancelled
+                if isinstance(err, grpc.FutureCancelledError):
+                    raise ServerError(grpc.StatusCode.CANCELLED, "import cancelled") from err
+                raise
+            finally:
+                call.cancel()  # on Ctrl-C while waiting; a no-op once the call is done
+        return list(response.ids)
 
     def health(self) -> str:
         """The server's overall health: ``"SERVING"`` or ``"NOT_SERVING"`` (while stopping)."""

@@ -1,0 +1,142 @@
+"""A small progress bar for long CLI work, drawn on stderr only when a person is watching."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TextIO
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """Counts work done and redraws one status line, at most about ten times a second.
+
+    The line shows the count (against the total when it is known, with a bar and the time
+    left), and the rate. Nothing is written unless the stream is a terminal or ``force`` is
+    set, so piped and scripted runs stay clean.
+
+    Example::
+
+        with Progress(total=len(notes), label="import") as progress:
+            for note in notes:
+                send(note)
+                progress.update()
+
+    Args:
+        total: How many items the work has, if known; :meth:`set_total` can tell it later.
+        label: A word or two in front of the line.
+        stream: Where to draw; standard error by default.
+        force: Draw even when ``stream`` is not a terminal.
+        interval: The least time, in seconds, between two redraws.
+        width: The bar's width in characters.
+        clock: Seconds from a monotonic clock; tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        total: int | None = None,
+        *,
+        label: str = "",
+        stream: TextIO | None = None,
+        force: bool = False,
+        interval: float = 0.1,
+        width: int = 24,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._force = force
+        self._interval = interval
+        self._width = width
+        self._clock = clock
+        self.label = label
+        self.total = total
+        self.count = 0
+        self._enabled = False
+        self._start = 0.0
+        self._last_draw = float("-inf")
+        self._drawn = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the bar is drawing (inside the ``with`` block, on a terminal or forced)."""
+        return self._enabled
+
+    def __enter__(self) -> Progress:
+        self._enabled = self._force or _is_terminal(self._stream)
+        self._start = self._clock()
+        if self._enabled:
+            self._draw(self._start)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def set_total(self, total: int | None) -> None:
+        """Tell the bar how many items there are once that is known."""
+        self.total = total
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more items done; redraws when the last redraw is old enough."""
+        self.count += n
+        if not self._enabled:
+            return
+        now = self._clock()
+        if now - self._last_draw >= self._interval or self.count == self.total:
+            self._draw(now)
+
+    def close(self) -> None:
+        """Draw the final state and end the line; later calls do nothing."""
+        if not self._enabled:
+            return
+        self._draw(self._clock())
+        self._stream.write("\n")
+        self._stream.flush()
+        self._enabled = False
+
+    def line(self, now: float) -> str:
+        """The status line as it reads at ``now`` (no carriage return)."""
+        elapsed = now - self._start
+        rate = self.count / elapsed if elapsed > 0 else 0.0
+        parts = [self.label] if self.label else []
+        if self.total is None:
+            parts.append(f"{self.count:,}")
+        else:
+            done = min(1.0, self.count / self.total) if self.total > 0 else 1.0
+            filled = round(done * self._width)
+            parts.append("[" + "#" * filled + "." * (self._width - filled) + "]")
+            parts.append(f"{self.count:,}/{self.total:,}")
+            parts.append(f"{done:4.0%}")
+        parts.append(f"{rate:,.1f}/s" if rate < 100 else f"{rate:,.0f}/s")
+        if self.total is not None and 0 < self.count < self.total and rate > 0:
+            parts.append("eta " + _clock_time((self.total - self.count) / rate))
+        return "  ".join(parts)
+
+    def _draw(self, now: float) -> None:
+        text = self.line(now)
+        # Pad with spaces to wipe what a longer previous line left behind.
+        self._stream.write("\r" + text + " " * max(0, self._drawn - len(text)))
+        self._stream.flush()
+        self._drawn = len(text)
+        self._last_draw = now
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except ValueError:  # a closed stream
+        return False
+
+
+def _clock_time(seconds: float) -> str:
+    """``75`` → ``1:15``; ``3725`` → ``1:02:05``."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
