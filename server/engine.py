@@ -203,7 +203,7 @@ class MemoryEngine:
                 with other.lock:
                     hits.extend(self._rank(other, query, query_vector, window, mine=False))
         hits.sort(key=lambda h: (-h.score, h.record.id))
-        hits = hits[:limit]
+        hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
         if not query.peek:
             with own.lock:
                 self._recalled(own, [h for h in hits if h.record.channel == own.name])
@@ -225,7 +225,7 @@ class MemoryEngine:
             found.extend(
                 rank_channel(index, channel.records, policy, query, vector, window, clocks, mine)
             )
-        return [replace(h, record=replace(h.record)) for h in found]
+        return found
 
     def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
         """Bump the recalled memories, spread their heat, warm the channel; one batch."""

@@ -24,6 +24,7 @@ from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 __all__ = ["RecallEffects", "recall_effects"]
 
 _LIVE = frozenset({ACTIVE, COLD})
+_NEAR_CAP = 1.0 - 1e-4
 
 
 @dataclass(frozen=True)
@@ -44,27 +45,36 @@ def recall_effects(
         live = channel.records.get(memory_id)
         if live is None:
             continue
-        record = evolve(replace(live), policy, clocks)
+        record = evolve(live.copy(), policy, clocks)
         apply_recall(record, policy, clocks)
         refresh_utility(record, clocks.now)
         changed[record.id] = record
 
+    reached: dict[str, Reach | None] = {}
+
     def reach(memory_id: str) -> Reach | None:
-        known = channel.records.get(memory_id)
-        if known is None:
-            return None
-        record = evolve(known, policy, clocks)
-        if record.state == ARCHIVED:
-            return Reach(current_heat(record, policy, clocks), archived=True)
-        if record.state not in _LIVE:
-            return None
-        return Reach(current_heat(record, policy, clocks))
+        if memory_id not in reached:  # many sources share neighbours: judge each once
+            reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
+        return reached[memory_id]
 
     recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
     for memory_id, gain in resonance(channel.graph, recalled, reach, policy).items():
-        record = evolve(replace(channel.records[memory_id]), policy, clocks)
+        record = evolve(channel.records[memory_id].copy(), policy, clocks)
+        if record.state in _LIVE and current_heat(record, policy, clocks) >= _NEAR_CAP:
+            continue  # already at the cap: the gain would change nothing worth a write
         apply_gain(record, policy, clocks, gain)
         changed[memory_id] = record
     state = replace(channel.state, interactions=clocks.interactions)
     state.recalled(policy, clocks.now)
     return RecallEffects(list(recalled), changed, state)
+
+
+def _reach(record: MemoryRecord | None, policy: ChannelPolicy, clocks: Clocks) -> Reach | None:
+    if record is None:
+        return None
+    record = evolve(record, policy, clocks)
+    if record.state == ARCHIVED:
+        return Reach(current_heat(record, policy, clocks), archived=True)
+    if record.state not in _LIVE:
+        return None
+    return Reach(current_heat(record, policy, clocks))

@@ -7,7 +7,7 @@ Times are float seconds since the Unix epoch (UTC). Heat is stored as ``heat0`` 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["ACTIVE", "ARCHIVED", "COLD", "DELETED", "GHOST", "MERGED", "MemoryRecord"]
@@ -55,7 +55,14 @@ class MemoryRecord:
 
     def to_json(self) -> bytes:
         """The record as compact UTF-8 JSON."""
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
+        # Every field is a JSON value already (no nested dataclasses): no asdict deep copy.
+        return json.dumps(self.__dict__, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def copy(self) -> MemoryRecord:
+        """A shallow copy (tags and lists are replaced, never mutated in place)."""
+        clone = object.__new__(MemoryRecord)
+        clone.__dict__.update(self.__dict__)
+        return clone
 
     @classmethod
     def from_json(cls, data: bytes) -> MemoryRecord:

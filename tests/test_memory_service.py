@@ -407,5 +407,5 @@ def test_unclassified_memories_get_a_type(memories: MemoryServiceStub, channel_n
 
 def test_unbuilt_rpcs_answer_unimplemented(memories: MemoryServiceStub, channel_name: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        memories.Dream(pb.DreamRequest(channel=channel_name))
+        memories.Context(pb.ContextRequest(channel=channel_name, message="hello"))
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
