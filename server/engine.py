@@ -44,6 +44,10 @@ __all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
 # A change applied to a copy of a record: (record, policy, clocks).
 _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
 _LIVE = frozenset({ACTIVE, COLD})
+# At most this many warmed neighbours are named in an on_recall event, for the decay
+# scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
+# old crossing comes due.
+_RESONATED_LOGGED = 64
 
 
 class MemoryEngine:
@@ -235,7 +239,8 @@ class MemoryEngine:
         with self._store.batch() as batch:
             for record in effects.changed.values():
                 batch.put_record(record)
-            warmed = ",".join(sorted(set(effects.changed) - set(effects.recalled)))
+            warm = sorted(set(effects.changed) - set(effects.recalled))
+            warmed = ",".join(warm[:_RESONATED_LOGGED])
             for memory_id in effects.recalled:
                 record = effects.changed[memory_id]
                 batch.append_event(

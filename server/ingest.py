@@ -27,6 +27,9 @@ __all__ = ["NEAR_DUPLICATE", "Ingested", "Neighbourhood", "build_records"]
 
 NEAR_DUPLICATE = 0.95
 NOVELTY_NEIGHBOURS = 5
+# An entity named by more memories than this links no more of them: such hubs (often a
+# capitalised word that merely opens many sentences) would tie the whole channel together.
+ENTITY_HUB = 50
 NOVELTY_BONUS = 0.3
 NEAR_DUPLICATE_PENALTY = 0.2
 # Items of a batch are linked a chunk at a time: exact search over the channel, over the
@@ -179,7 +182,10 @@ def _links(
         if similarity >= policy.semantic_link_threshold:
             edges[(other, "semantic")] = Edge(record.id, other, "semantic", similarity)
     for entity in record.entities:
-        for other in hood.entity_members.get(entity_key(entity), [])[-policy.entity_link_max :]:
+        members = hood.entity_members.get(entity_key(entity), [])
+        if len(members) > ENTITY_HUB:
+            continue  # named in so many memories it tells them apart no more than "the"
+        for other in members[-policy.entity_link_max :]:
             edges.setdefault((other, "entity"), Edge(record.id, other, "entity", 1.0))
     if record.session:
         last = hood.last_in_session.get(record.session)
