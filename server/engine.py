@@ -327,10 +327,11 @@ class MemoryEngine:
         """The memories linked to one memory."""
         return self._reg.neighbours(channel, memory_id)
 
-    def log(self, event: EventRecord) -> None:
-        """Append an event that changes no memory (a notification, a webhook outcome)."""
+    def log(self, *events: EventRecord) -> None:
+        """Append events that change no memory (notifications, webhook outcomes)."""
         with self._store.batch() as batch:
-            batch.append_event(event)
+            for event in events:
+                batch.append_event(event)
 
     # --- changes ---------------------------------------------------------------
 
