@@ -14,10 +14,10 @@ What it measures, in order:
    100 with ``peek=False`` (heat bumps persisted).
 4. **Single Store latency**: 200 sequential ``Store`` calls of short texts.
 
-The corpus is LongMemEval user/assistant turns (``role: content``, capped at 1,000
-characters, deduplicated, in file order) from ``../shared/data``: the oracle split
-first, topped up from the ``_s`` split when the oracle runs short, and from generated
-sentences when neither file is there. Recall queries are the LongMemEval questions.
+The corpus (``bench/corpus.py``) is LongMemEval user/assistant turns from
+``../shared/data``, topped up with generated sentences when the files run short;
+recall queries are the LongMemEval questions. The server subprocess is driven by
+``bench/_server.py``.
 
 Results are printed as a table and written as JSON to ``bench/results/``
 (``throughput-<UTC timestamp>.json`` and ``throughput-latest.json``).
@@ -29,38 +29,31 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import json
 import os
 import platform
 import random
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+# Beside this script, so on sys.path when it runs as `python bench/throughput.py`.
+from _server import Server
+from corpus import Corpus, build_corpus
 
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import memory_service_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
-ORACLE = DATA / "longmemeval_oracle.json"
-LONGMEMEVAL_S = DATA / "longmemeval_s_498.json.gz"
 DEFAULT_OUT = REPO / "bench" / "results"
 
-MAX_CHARS = 1000
 WARMUP_TEXTS = 64
 WARMUP_RECALLS = 50
 WRITE_RECALLS = 100
@@ -68,116 +61,9 @@ SINGLE_STORES = 200
 TARGET_RATIO = 0.7
 CHANNEL = "bench"
 WARMUP_CHANNEL = "bench-warmup"
-READY_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 3600.0
 
 Json = dict[str, Any]
-
-
-# --- corpus ---------------------------------------------------------------------------
-
-
-@dataclass
-class Corpus:
-    """The texts to store, the queries to recall with, and where the texts came from."""
-
-    texts: list[str]
-    queries: list[str]
-    sources: dict[str, int] = field(default_factory=dict)
-
-    def describe(self) -> Json:
-        lengths = [len(text) for text in self.texts]
-        return {
-            "texts": len(self.texts),
-            "queries": len(self.queries),
-            "sources": self.sources,
-            "mean_chars": round(float(np.mean(lengths)), 1) if lengths else 0.0,
-            "median_chars": float(np.median(lengths)) if lengths else 0.0,
-        }
-
-
-def load_questions(path: Path) -> list[Json]:
-    """The LongMemEval questions in a file (plain or gzipped JSON); [] when it is missing."""
-    if not path.is_file():
-        return []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        questions: list[Json] = json.load(f)
-    return questions
-
-
-def turn_texts(questions: Iterable[Json]) -> Iterator[str]:
-    """Every turn of every haystack session, as ``role: content``, capped, in order."""
-    for question in questions:
-        for session in question.get("haystack_sessions", []):
-            for turn in session:
-                text = f"{turn['role']}: {turn['content']}"[:MAX_CHARS].strip()
-                if text:
-                    yield text
-
-
-def generated_sentences(seed: int = 7) -> Iterator[str]:
-    """An endless supply of plausible memory-sized texts, 1 to 6 sentences each."""
-    rng = random.Random(seed)
-    subjects = ["The user", "Maya", "Our team", "The agent", "My sister", "The landlord"]
-    verbs = ["prefers", "booked", "mentioned", "cancelled", "is planning", "asked about"]
-    objects = [
-        "a window seat on the morning flight",
-        "oat milk in every coffee",
-        "the quarterly budget review",
-        "a hiking trip to the Dolomites",
-        "a refund for the broken blender",
-        "moving the standup to 9:30",
-        "learning Portuguese before July",
-    ]
-    times = ["yesterday", "last week", "on Friday", "every morning", "in March", "twice"]
-    while True:
-        sentences = [
-            f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} "
-            f"{rng.choice(times)} (note {rng.randrange(10**6)})."
-            for _ in range(rng.randint(1, 6))
-        ]
-        yield " ".join(sentences)
-
-
-def generated_queries() -> Iterator[str]:
-    """An endless supply of recall questions for when no LongMemEval file is there."""
-    for text in generated_sentences(seed=11):
-        yield "What do I know about " + text.split(" (note")[0].lower() + "?"
-
-
-def take_unique(
-    supply: Iterable[str], want: int, seen: set[str], into: list[str], source: str
-) -> dict[str, int]:
-    """Append unseen texts from ``supply`` to ``into`` until it holds ``want``."""
-    added = 0
-    for text in supply:
-        if len(into) >= want:
-            break
-        if text not in seen:
-            seen.add(text)
-            into.append(text)
-            added += 1
-    return {source: added} if added else {}
-
-
-def build_corpus(memories: int, queries: int) -> Corpus:
-    """N memory texts and Q queries, LongMemEval first, generated only to fill a gap."""
-    texts: list[str] = []
-    seen: set[str] = set()
-    oracle = load_questions(ORACLE)
-    sources = take_unique(turn_texts(oracle), memories, seen, texts, "longmemeval_oracle")
-    if len(texts) < memories:
-        extra = load_questions(LONGMEMEVAL_S)  # about 1.6 GB parsed; freed right after
-        sources |= take_unique(turn_texts(extra), memories, seen, texts, "longmemeval_s")
-        del extra
-        gc.collect()
-    sources |= take_unique(generated_sentences(), memories, seen, texts, "generated")
-    asked: list[str] = []
-    questions = (str(q["question"]).strip() for q in oracle if q.get("question"))
-    take_unique(questions, queries, set(), asked, "questions")
-    take_unique(generated_queries(), queries, set(asked), asked, "generated")
-    return Corpus(texts, asked, sources)
 
 
 # --- raw model ------------------------------------------------------------------------
@@ -203,105 +89,6 @@ def measure_raw(texts: Sequence[str]) -> Json:
         "seconds": round(seconds, 3),
         "texts_per_s": round(len(texts) / seconds, 1),
     }
-
-
-# --- the server -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def calor_command() -> str:
-    """The ``calor`` entry point of this interpreter's environment."""
-    beside = Path(sys.executable).parent / "calor"
-    found = str(beside) if beside.exists() else shutil.which("calor")
-    if found is None:
-        raise SystemExit("cannot find the `calor` command; run `make` first")
-    return found
-
-
-class Server:
-    """``calor serve`` as a subprocess on a free port with a fresh data dir."""
-
-    def __init__(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="calor-bench-"))
-        self.data_dir = self.workdir / "data"
-        self.port = free_port()
-        self.log_path = self.workdir / "server.log"
-        self._log = self.log_path.open("wb")
-        command = [calor_command(), "serve", "--data-dir", str(self.data_dir)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.stub = pb_grpc.MemoryServiceStub(self.channel)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
-        """Poll health until SERVING; returns the seconds it took."""
-        health = health_pb2_grpc.HealthStub(self.channel)
-        request = health_pb2.HealthCheckRequest(service="")
-        started = time.perf_counter()
-        while time.perf_counter() - started < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited early:\n{self.log_tail()}")
-            try:
-                status = health.Check(request, timeout=1.0).status
-            except grpc.RpcError:
-                status = health_pb2.HealthCheckResponse.UNKNOWN
-            if status == health_pb2.HealthCheckResponse.SERVING:
-                return time.perf_counter() - started
-            time.sleep(0.1)
-        raise TimeoutError(f"the server was not SERVING after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def rss_mb(self) -> float | None:
-        """The server's resident memory in MB (Linux), or None."""
-        try:
-            status = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return None
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-        return None
-
-    def data_mb(self) -> float:
-        """The size of the data dir in MB."""
-        total = sum(p.stat().st_size for p in self.data_dir.rglob("*") if p.is_file())
-        return round(total / 2**20, 1)
-
-    def log_tail(self, lines: int = 30) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM and wait; returns the exit code (None if it had to be killed)."""
-        self.channel.close()
-        code: int | None = None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                code = self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        else:
-            code = self.process.returncode
-        return code
-
-    def close(self) -> None:
-        """Kill whatever is left and remove the data dir."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 # --- measurements ---------------------------------------------------------------------

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from google.protobuf.message import Message
 
 from calor.client import _render
-from calor.client._convert import ACTION_KIND_NAMES, MEMORY_TYPE_NAMES, TRIGGER_EVENT_NAMES
+from calor.client._enums import ACTION_KIND_NAMES, MEMORY_TYPE_NAMES, TRIGGER_EVENT_NAMES
 from calor.client.client import CalorClient
 from calor.v1 import trigger_service_pb2
 

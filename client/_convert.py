@@ -1,197 +1,33 @@
-"""What the sync and async clients share: request building, enum names, call defaults."""
+"""What the sync and async clients share: memory requests, timestamps, call defaults."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, Unpack
 
-import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpc_health.v1 import health_pb2
 
-from calor.client.errors import InvalidArgumentError
-from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
-
-if TYPE_CHECKING:
-    # Only the stubs name the generic wrapper class that every generated enum's type is.
-    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+from calor.client._enums import EnumArg, parse_confidence, parse_source, parse_state, parse_type
+from calor.v1 import memory_service_pb2
 
 __all__ = [
-    "ACTION_KIND_NAMES",
-    "EVENT_KIND_NAMES",
-    "MEMORY_STATE_NAMES",
-    "MEMORY_TYPE_NAMES",
-    "TRIGGER_EVENT_NAMES",
     "ClientBase",
-    "EnumArg",
     "FilterOptions",
     "ListOptions",
     "RecallOptions",
     "StoreOptions",
-    "TriggerOptions",
     "UpdateOptions",
-    "action_name",
-    "event_name",
+    "check_options",
     "forget_request",
     "list_request",
-    "parse_action",
-    "parse_confidence",
-    "parse_event",
-    "parse_source",
-    "parse_state",
-    "parse_type",
     "recall_request",
-    "serving_status",
-    "short_name",
-    "state_name",
     "store_request",
     "stream_requests",
-    "subscribe_request",
     "timestamp",
-    "trigger_request",
-    "type_name",
     "update_request",
 ]
-
-EnumArg = str | int
-"""An enum given by its short name (``"fact"``), its full name or its number."""
-
-_V = TypeVar("_V", bound=int)
-
-_TYPE_PREFIX = "MEMORY_TYPE_"
-_STATE_PREFIX = "MEMORY_STATE_"
-_EVENT_PREFIX = "EVENT_KIND_"
-_ACTION_PREFIX = "ACTION_KIND_"
-
-
-def _short_names(wrapper: _EnumTypeWrapper[_V], prefix: str) -> tuple[str, ...]:
-    return tuple(
-        name.removeprefix(prefix).lower()
-        for name in wrapper.keys()
-        if not name.endswith("_UNSPECIFIED")
-    )
-
-
-MEMORY_TYPE_NAMES = _short_names(memory_pb2.MemoryType, _TYPE_PREFIX)
-"""The memory types by short name, in enum order: ``("working", "episodic", …)``."""
-
-MEMORY_STATE_NAMES = _short_names(memory_pb2.MemoryState, _STATE_PREFIX)
-"""The memory states by short name, in enum order: ``("active", "cold", …)``."""
-
-EVENT_KIND_NAMES = _short_names(trigger_service_pb2.EventKind, _EVENT_PREFIX)
-"""Every kind of logged event by short name: ``("on_store", …, "notify", "dream", …)``."""
-
-TRIGGER_EVENT_NAMES = tuple(name for name in EVENT_KIND_NAMES if name.startswith("on_"))
-"""The events a trigger can react to: ``("on_store", "on_recall", "on_boost", "on_decay")``."""
-
-ACTION_KIND_NAMES = _short_names(trigger_service_pb2.ActionKind, _ACTION_PREFIX)
-"""What a trigger can do, by short name: ``("notify", "boost", "pin", …)``."""
-
-
-def _enum(wrapper: _EnumTypeWrapper[_V], prefix: str, value: EnumArg, what: str) -> _V:
-    """Resolve a short name, full name or number to a value of ``wrapper``."""
-    if isinstance(value, str):
-        name = value.strip().upper()
-        if not name.startswith(prefix):
-            name = prefix + name
-        if name in wrapper.keys():
-            return wrapper.Value(name)
-    else:
-        for number in wrapper.values():
-            if number == value:
-                return number
-    choices = ", ".join(_short_names(wrapper, prefix))
-    raise InvalidArgumentError(
-        grpc.StatusCode.INVALID_ARGUMENT, f"unknown {what} {value!r} (expected one of {choices})"
-    )
-
-
-def short_name(wrapper: _EnumTypeWrapper[_V], prefix: str, value: int) -> str:
-    """The lower-case name of an enum value without its prefix; the number if unknown."""
-    for name, number in wrapper.items():
-        if number == value:
-            return name.removeprefix(prefix).lower()
-    return str(value)
-
-
-def parse_type(value: EnumArg | None) -> memory_pb2.MemoryType.ValueType:
-    """A ``MemoryType`` from ``"fact"``, ``"MEMORY_TYPE_FACT"`` or 6; None means unspecified.
-
-    Raises:
-        InvalidArgumentError: The name or number is not a memory type.
-    """
-    if value is None:
-        return memory_pb2.MEMORY_TYPE_UNSPECIFIED
-    return _enum(memory_pb2.MemoryType, _TYPE_PREFIX, value, "memory type")
-
-
-def parse_state(value: EnumArg) -> memory_pb2.MemoryState.ValueType:
-    """A ``MemoryState`` from ``"active"``, ``"MEMORY_STATE_ACTIVE"`` or 1.
-
-    Raises:
-        InvalidArgumentError: The name or number is not a memory state.
-    """
-    return _enum(memory_pb2.MemoryState, _STATE_PREFIX, value, "memory state")
-
-
-def parse_source(value: EnumArg | None) -> memory_pb2.Source.ValueType:
-    """A ``Source`` from ``"human"``, ``"agent"``, ``"extracted"`` or ``"ingest"``."""
-    if value is None:
-        return memory_pb2.SOURCE_UNSPECIFIED
-    return _enum(memory_pb2.Source, "SOURCE_", value, "source")
-
-
-def parse_confidence(value: EnumArg | None) -> memory_pb2.Confidence.ValueType:
-    """A ``Confidence`` from ``"observed"``, ``"inferred"`` or ``"asserted"``."""
-    if value is None:
-        return memory_pb2.CONFIDENCE_UNSPECIFIED
-    return _enum(memory_pb2.Confidence, "CONFIDENCE_", value, "confidence")
-
-
-def parse_event(value: EnumArg) -> trigger_service_pb2.EventKind.ValueType:
-    """An ``EventKind`` from ``"on_store"``, ``"EVENT_KIND_ON_STORE"`` or 1.
-
-    Raises:
-        InvalidArgumentError: The name or number is not an event kind.
-    """
-    return _enum(trigger_service_pb2.EventKind, _EVENT_PREFIX, value, "event kind")
-
-
-def parse_action(value: EnumArg) -> trigger_service_pb2.ActionKind.ValueType:
-    """An ``ActionKind`` from ``"notify"``, ``"ACTION_KIND_NOTIFY"`` or 1.
-
-    Raises:
-        InvalidArgumentError: The name or number is not an action kind.
-    """
-    return _enum(trigger_service_pb2.ActionKind, _ACTION_PREFIX, value, "action kind")
-
-
-def event_name(value: int) -> str:
-    """The short name of an event kind: ``EVENT_KIND_ON_STORE`` → ``"on_store"``."""
-    return short_name(trigger_service_pb2.EventKind, _EVENT_PREFIX, value)
-
-
-def action_name(value: int) -> str:
-    """The short name of an action kind: ``ACTION_KIND_NOTIFY`` → ``"notify"``."""
-    return short_name(trigger_service_pb2.ActionKind, _ACTION_PREFIX, value)
-
-
-def type_name(value: int) -> str:
-    """The short name of a memory type: ``MEMORY_TYPE_FACT`` → ``"fact"``."""
-    return short_name(memory_pb2.MemoryType, _TYPE_PREFIX, value)
-
-
-def state_name(value: int) -> str:
-    """The short name of a memory state: ``MEMORY_STATE_ACTIVE`` → ``"active"``."""
-    return short_name(memory_pb2.MemoryState, _STATE_PREFIX, value)
-
-
-def serving_status(status: int) -> str:
-    """The name of a ``grpc.health.v1`` serving status: ``"SERVING"``, ``"NOT_SERVING"``, …"""
-    name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-    return name
 
 
 def timestamp(moment: datetime) -> Timestamp:
@@ -306,38 +142,7 @@ class UpdateOptions(TypedDict, total=False):
     supersedes: str
 
 
-class TriggerOptions(TypedDict, total=False):
-    """What a new trigger may be given besides its event and action, each optional.
-
-    The one place these options are declared and described: ``create_trigger`` on
-    both clients takes them as keyword arguments.
-
-    Attributes:
-        config: The action's settings, e.g. ``{"message": "…"}`` for notify (a
-            template over ``{memory_id}``, ``{text}``, ``{heat}``, …), ``{"delta":
-            "0.2"}`` for boost, ``{"key": "…", "value": "…"}`` for tag, ``{"url":
-            "…"}`` for webhook, ``{"trigger_id": "…"}`` for chain.
-        filter_memory_type: Only memories of this type (a name or ``MemoryType``).
-        filter_pattern: Only memories whose text matches this regular expression.
-        filter_heat_above: Only memories hotter than this.
-        filter_heat_below: Only memories colder than this.
-        max_fires: Fire at most this many times; 0 (the default) means no limit.
-        cooldown_seconds: Wait at least this long between two firings (default 0).
-        threshold: For ``on_decay``: the heat whose downward crossing fires it;
-            None (the default) means the channel's cold threshold.
-    """
-
-    config: Mapping[str, str] | None
-    filter_memory_type: EnumArg | None
-    filter_pattern: str
-    filter_heat_above: float | None
-    filter_heat_below: float | None
-    max_fires: int
-    cooldown_seconds: float
-    threshold: float | None
-
-
-def _check(options: Mapping[str, object], known: frozenset[str]) -> None:
+def check_options(options: Mapping[str, object], known: frozenset[str]) -> None:
     """Refuse an option not in ``known``, as a signature would.
 
     ``**options: Unpack[...]`` is checked by type checkers only: at run time it
@@ -357,7 +162,7 @@ def store_request(
     channel: str, text: str, idempotency_key: str | None, /, **options: Unpack[StoreOptions]
 ) -> memory_service_pb2.StoreRequest:
     """The ``StoreRequest`` for one text, its idempotency key and its :class:`StoreOptions`."""
-    _check(options, StoreOptions.__optional_keys__)
+    check_options(options, StoreOptions.__optional_keys__)
     return memory_service_pb2.StoreRequest(
         channel=channel,
         text=text,
@@ -385,7 +190,7 @@ def stream_requests(
     item takes the shared :class:`StoreOptions`; a ``StoreRequest`` item is sent
     as given, in ``channel`` when it names none.
     """
-    _check(options, StoreOptions.__optional_keys__)
+    check_options(options, StoreOptions.__optional_keys__)
     messages: list[memory_service_pb2.StoreStreamRequest] = []
     for item in items:
         if isinstance(item, str):
@@ -417,7 +222,7 @@ def recall_request(
     channel: str, query: str, /, **options: Unpack[RecallOptions]
 ) -> memory_service_pb2.RecallRequest:
     """The ``RecallRequest`` for a query and its :class:`RecallOptions`."""
-    _check(options, RecallOptions.__optional_keys__)
+    check_options(options, RecallOptions.__optional_keys__)
     return memory_service_pb2.RecallRequest(
         channel=channel,
         query=query,
@@ -435,7 +240,7 @@ def list_request(
     channel: str, page_token: str, /, **options: Unpack[ListOptions]
 ) -> memory_service_pb2.ListMemoriesRequest:
     """The ``ListMemoriesRequest`` for one page and its :class:`ListOptions`."""
-    _check(options, ListOptions.__optional_keys__)
+    check_options(options, ListOptions.__optional_keys__)
     return memory_service_pb2.ListMemoriesRequest(
         channel=channel,
         page_size=options.get("page_size", 100),
@@ -451,7 +256,7 @@ def update_request(
 
     A field left out or None is left alone on the server; ``tags={}`` clears the tags.
     """
-    _check(options, UpdateOptions.__optional_keys__)
+    check_options(options, UpdateOptions.__optional_keys__)
     fields = ("text", "memory_type", "tags", "importance")
     paths = [name for name in fields if options.get(name) is not None]
     return memory_service_pb2.UpdateRequest(
@@ -470,66 +275,6 @@ def forget_request(channel: str, ids: str | Iterable[str]) -> memory_service_pb2
     """The ``ForgetRequest`` for one id or many."""
     return memory_service_pb2.ForgetRequest(
         channel=channel, ids=[ids] if isinstance(ids, str) else list(ids)
-    )
-
-
-def trigger_request(
-    channel: str,
-    event: EnumArg,
-    action: EnumArg,
-    trigger_id: str,
-    /,
-    **options: Unpack[TriggerOptions],
-) -> trigger_service_pb2.CreateTriggerRequest:
-    """The ``CreateTriggerRequest`` for a trigger and its :class:`TriggerOptions`.
-
-    An empty ``trigger_id`` lets the server choose one.
-
-    Raises:
-        InvalidArgumentError: The event, action or memory type is unknown.
-    """
-    _check(options, TriggerOptions.__optional_keys__)
-    trigger = trigger_service_pb2.Trigger(
-        id=trigger_id,
-        channel=channel,
-        event=parse_event(event),
-        action=parse_action(action),
-        config=options.get("config"),
-        filter_memory_type=parse_type(options.get("filter_memory_type")),
-        filter_pattern=options.get("filter_pattern", ""),
-        filter_heat_above=options.get("filter_heat_above"),
-        filter_heat_below=options.get("filter_heat_below"),
-        max_fires=options.get("max_fires", 0),
-        cooldown_seconds=options.get("cooldown_seconds", 0.0),
-        threshold=options.get("threshold"),
-    )
-    return trigger_service_pb2.CreateTriggerRequest(trigger=trigger)
-
-
-def subscribe_request(
-    channels: str | Iterable[str],
-    kinds: EnumArg | Iterable[EnumArg],
-    trigger_ids: str | Iterable[str],
-    after_seq: int,
-) -> trigger_service_pb2.SubscribeRequest:
-    """The ``SubscribeRequest`` for a filter; an empty filter field matches everything.
-
-    A lone string (or number, for ``kinds``) counts as a list of one, so that
-    ``channels="agent-7"`` does not become seven one-letter channels.
-
-    Raises:
-        InvalidArgumentError: A kind is unknown, or ``after_seq`` is negative.
-    """
-    if after_seq < 0:
-        raise InvalidArgumentError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"after_seq must be 0 or more, got {after_seq}"
-        )
-    kind_list = [kinds] if isinstance(kinds, str | int) else list(kinds)
-    return trigger_service_pb2.SubscribeRequest(
-        channels=[channels] if isinstance(channels, str) else list(channels),
-        kinds=[parse_event(kind) for kind in kind_list],
-        trigger_ids=[trigger_ids] if isinstance(trigger_ids, str) else list(trigger_ids),
-        after_seq=after_seq,
     )
 
 

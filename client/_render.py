@@ -10,7 +10,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from calor.client._convert import action_name, event_name, short_name, state_name, type_name
+from calor.client._enums import action_name, event_name, short_name, state_name, type_name
 from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 __all__ = [

@@ -11,15 +11,10 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calor.client import _convert, _transfer
-from calor.client._convert import (
-    EnumArg,
-    ListOptions,
-    RecallOptions,
-    StoreOptions,
-    TriggerOptions,
-    UpdateOptions,
-)
+from calor.client import _convert, _convert_triggers, _enums, _transfer
+from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
+from calor.client._convert_triggers import TriggerOptions
+from calor.client._enums import EnumArg
 from calor.client._subscription import Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
 from calor.client.errors import from_rpc_error, translate_rpc_errors
@@ -245,7 +240,7 @@ class AsyncCalorClient(_convert.ClientBase):
             response = await self._health.Check(  # type: ignore[attr-defined, unused-ignore]
                 health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
             )
-        return _convert.serving_status(response.status)
+        return _enums.serving_status(response.status)
 
     # --- triggers and events --------------------------------------------------------
 
@@ -259,7 +254,9 @@ class AsyncCalorClient(_convert.ClientBase):
         **options: Unpack[TriggerOptions],
     ) -> trigger_service_pb2.Trigger:
         """Register a trigger; see :meth:`CalorClient.create_trigger`."""
-        request = _convert.trigger_request(self._in(channel), event, action, trigger_id, **options)
+        request = _convert_triggers.trigger_request(
+            self._in(channel), event, action, trigger_id, **options
+        )
         with translate_rpc_errors():
             return (await self._triggers.CreateTrigger(request, timeout=self.timeout)).trigger
 
@@ -300,7 +297,7 @@ class AsyncCalorClient(_convert.ClientBase):
     ) -> list[trigger_service_pb2.TriggerMatch]:
         """A dry run of the triggers; see :meth:`CalorClient.evaluate_triggers`."""
         request = trigger_service_pb2.EvaluateTriggersRequest(
-            channel=self._in(channel), event=_convert.parse_event(event), memory_id=memory_id
+            channel=self._in(channel), event=_enums.parse_event(event), memory_id=memory_id
         )
         with translate_rpc_errors():
             response = await self._triggers.EvaluateTriggers(request, timeout=self.timeout)
@@ -326,7 +323,7 @@ class AsyncCalorClient(_convert.ClientBase):
             async for event in calor.subscribe(channels=[calor.channel]):
                 print(event.seq, event.message)
         """
-        request = _convert.subscribe_request(channels, kinds, trigger_ids, after_seq)
+        request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
         return self._events(Resumer(request, resume=resume))
 
     async def _events(self, resumer: Resumer) -> AsyncGenerator[trigger_service_pb2.Event, None]:

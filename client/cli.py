@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 from calor.client import _render
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
-from calor.client._convert import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
+from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client.client import CalorClient
 from calor.client.errors import CalorClientError, InvalidArgumentError, UnavailableError
 from calor.v1 import memory_service_pb2

@@ -8,15 +8,10 @@ from typing import Self, Unpack
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calor.client import _convert, _transfer
-from calor.client._convert import (
-    EnumArg,
-    ListOptions,
-    RecallOptions,
-    StoreOptions,
-    TriggerOptions,
-    UpdateOptions,
-)
+from calor.client import _convert, _convert_triggers, _enums, _transfer
+from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
+from calor.client._convert_triggers import TriggerOptions
+from calor.client._enums import EnumArg
 from calor.client._subscription import EventStream, Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
 from calor.client.errors import ServerError, translate_rpc_errors
@@ -338,7 +333,7 @@ class CalorClient(_convert.ClientBase):
             response = self._health.Check(  # type: ignore[attr-defined, unused-ignore]
                 health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
             )
-        return _convert.serving_status(response.status)
+        return _enums.serving_status(response.status)
 
     # --- triggers and events --------------------------------------------------------
 
@@ -369,7 +364,7 @@ class CalorClient(_convert.ClientBase):
             trigger_id: Its id: 1-64 letters, digits or ``_.:-``; empty (the default)
                 lets the server choose one.
             **options: Its action config, filters, limits and decay threshold: see
-                :class:`~calor.client._convert.TriggerOptions`.
+                :class:`~calor.client._convert_triggers.TriggerOptions`.
 
         Returns:
             The trigger as registered, with its id.
@@ -378,7 +373,9 @@ class CalorClient(_convert.ClientBase):
             InvalidArgumentError: An unknown event, action or type, a bad pattern,
                 id or config.
         """
-        request = _convert.trigger_request(self._in(channel), event, action, trigger_id, **options)
+        request = _convert_triggers.trigger_request(
+            self._in(channel), event, action, trigger_id, **options
+        )
         with translate_rpc_errors():
             return self._triggers.CreateTrigger(request, timeout=self.timeout).trigger
 
@@ -435,7 +432,7 @@ class CalorClient(_convert.ClientBase):
             NotFoundError: No memory has that id in the channel.
         """
         request = trigger_service_pb2.EvaluateTriggersRequest(
-            channel=self._in(channel), event=_convert.parse_event(event), memory_id=memory_id
+            channel=self._in(channel), event=_enums.parse_event(event), memory_id=memory_id
         )
         with translate_rpc_errors():
             response = self._triggers.EvaluateTriggers(request, timeout=self.timeout)
@@ -484,7 +481,7 @@ class CalorClient(_convert.ClientBase):
             InvalidArgumentError: An unknown kind or a negative ``after_seq`` (at
                 once); a channel the server rejects (when iterating).
         """
-        request = _convert.subscribe_request(channels, kinds, trigger_ids, after_seq)
+        request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
         return EventStream(
             lambda req: self._triggers.Subscribe(req, timeout=None),
             Resumer(request, resume=resume),

@@ -87,14 +87,7 @@ class MemoryEngine:
 
     def find_idempotent(self, channel: str, key: str) -> MemoryRecord | None:
         """The memory an earlier store with this idempotency key made, if any."""
-        if not key:
-            return None
-        memory_id = self._store.idempotent_id(channel, key)
-        if memory_id is None:
-            return None
-        live = self._reg.channel(channel)
-        with live.lock:
-            return replace(self._get(live, memory_id))
+        return self._reg.find_idempotent(channel, key)
 
     def store(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
         """Store memories (with their embeddings, one row each) in one atomic batch."""
@@ -221,15 +214,14 @@ class MemoryEngine:
         window: TimeWindow | None,
         mine: bool,
     ) -> list[Hit]:
-        policy = self._reg.policy(channel.name)
-        clocks = self._reg.clocks(channel)
-        indexes = [channel.index, channel.attic] if query.include_archived else [channel.index]
-        found: list[Hit] = []
-        for index in indexes:
-            found.extend(
-                rank_channel(index, channel.records, policy, query, vector, window, clocks, mine)
-            )
-        return found
+        policy, clocks = self._reg.policy(channel.name), self._reg.clocks(channel)
+        indexes = (channel.index, channel.attic) if query.include_archived else (channel.index,)
+        rank = rank_channel  # over the live index, and the attic when asked
+        return [
+            h
+            for i in indexes
+            for h in rank(i, channel.records, policy, query, vector, window, clocks, mine)
+        ]
 
     def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
         """Bump the recalled memories, spread their heat, warm the channel; one batch."""
@@ -308,6 +300,10 @@ class MemoryEngine:
     def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
         return self._reg.list_page(query)
+
+    def matching(self, channel: str, query: ListQuery) -> list[str]:
+        """The ids of every memory a filter matches (for forget by filter)."""
+        return self._reg.matching(query)
 
     def status(self, channel: str) -> ChannelStatus:
         """How many memories a channel holds, by state and by type, and its heat."""
@@ -505,19 +501,4 @@ class MemoryEngine:
 
     def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
         """The channel's open conflicts as (a, b, reason)."""
-        live = self._reg.find(channel)
-        if live is None:
-            return []
-        with live.lock:
-            return [(a, b, reason) for (a, b), reason in sorted(live.conflicts.items())]
-
-    def matching(self, channel: str, query: ListQuery) -> list[str]:
-        """The ids of every memory a filter matches (for forget by filter)."""
-        ids: list[str] = []
-        page_query = replace(query, page_size=1000)
-        while True:
-            page, after = self.list_page(page_query)
-            ids.extend(r.id for r in page)
-            if not after:
-                return ids
-            page_query = replace(page_query, after_id=after)
+        return self._reg.conflicts(channel)

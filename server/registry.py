@@ -180,3 +180,34 @@ class ChannelRegistry:
             return []
         with live.lock:
             return sorted(live.graph.neighbours(memory_id))
+
+    def matching(self, query: ListQuery) -> list[str]:
+        """The ids of every memory a listing filter matches, across all its pages."""
+        ids: list[str] = []
+        page_query = replace(query, page_size=1000)
+        while True:
+            page, after = self.list_page(page_query)
+            ids.extend(r.id for r in page)
+            if not after:
+                return ids
+            page_query = replace(page_query, after_id=after)
+
+    def find_idempotent(self, channel: str, key: str) -> MemoryRecord | None:
+        """The memory an earlier store with this idempotency key made, if any."""
+        if not key:
+            return None
+        memory_id = self._store.idempotent_id(channel, key)
+        live = self.find(channel)
+        if memory_id is None or live is None:
+            return None
+        with live.lock:
+            record = live.records.get(memory_id)
+            return None if record is None else record.copy()
+
+    def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
+        """The channel's open conflicts as (a, b, reason)."""
+        live = self.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return [(a, b, reason) for (a, b), reason in sorted(live.conflicts.items())]

@@ -241,3 +241,19 @@ def test_a_dream_cut_short_leaves_the_channel_consistent_and_the_next_finishes(
     assert len(survivors) == 2
     assert report.merged + merged_before == 6
     reopened.close()
+
+
+def test_correcting_one_side_settles_a_conflict(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    store(memories, channel_name, "The gym opens at 6am on weekdays.")
+    wrong = store(memories, channel_name, "The gym opens at 7am on weekdays.")
+    assert memories.Dream(pb.DreamRequest(channel=channel_name)).conflicts == 1
+    memories.Update(
+        pb.UpdateRequest(
+            channel=channel_name,
+            id=wrong.id,
+            text="The gym opens at 6am on weekdays, 8am on weekends.",
+        )
+    )
+    assert not memories.Identity(pb.IdentityRequest(channel=channel_name)).conflicts
