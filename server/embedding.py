@@ -61,7 +61,7 @@ class EmbeddingQueue:
             while not jobs.empty() and size < self._max_batch:
                 batch.append(jobs.get_nowait())
                 size += len(batch[-1].texts)
-            for query in (False, True):
+            for query in (True, False):  # queries first: a recall waits on no ingest batch
                 group = [job for job in batch if job.query is query]
                 if group:
                     await self._run(loop, group, query)
