@@ -61,7 +61,8 @@ class EmbeddingQueue:
             while not jobs.empty() and size < self._max_batch:
                 batch.append(jobs.get_nowait())
                 size += len(batch[-1].texts)
-            for query in (True, False):  # queries first: a recall waits on no ingest batch
+            # Queries first: a recall never waits behind the ingest texts coalesced with it.
+            for query in (True, False):
                 group = [job for job in batch if job.query is query]
                 if group:
                     await self._run(loop, group, query)
