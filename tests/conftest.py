@@ -14,11 +14,14 @@ from typing import Any
 import grpc
 import pytest
 
+from calor.client import CalorClient
+from calor.client.cli import main
 from calor.models.embedder import Embedder, OnnxEmbedder
 from calor.server.app import CalorServer
 from calor.server.clock import Clock, ManualClock, SystemClock
 from calor.server.config import ServerConfig
 from calor.v1 import memory_service_pb2_grpc
+from tests.helpers import Run
 
 _counter = itertools.count()
 
@@ -97,6 +100,25 @@ def channel_name(request: pytest.FixtureRequest) -> str:
     """A channel no other test uses."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:60]
     return f"t{next(_counter)}-{name}"
+
+
+@pytest.fixture
+def client(calor_target: str, channel_name: str) -> Iterator[CalorClient]:
+    """A Python client on the shared server, in a channel of the test's own."""
+    with CalorClient(calor_target, channel=channel_name) as calor:
+        yield calor
+
+
+@pytest.fixture
+def calor(calor_target: str, channel_name: str, capsys: pytest.CaptureFixture[str]) -> Run:
+    """Run ``calor --target … --channel … ARGS``; returns (exit status, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = main(["--target", calor_target, "--channel", channel_name, *args])
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
 
 
 @pytest.fixture(scope="session")

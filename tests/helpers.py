@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +17,8 @@ FACT = memory_pb2.MEMORY_TYPE_FACT
 CORE = memory_pb2.MEMORY_TYPE_CORE
 SEMANTIC = memory_pb2.MEMORY_TYPE_SEMANTIC
 DAY = 86_400.0
+# ``calor`` run in-process by the ``calor`` fixture: (exit status, stdout, stderr).
+Run = Callable[..., tuple[int, str, str]]
 # Copies of ../shared/vectors (the seed tables of the design), so a clone alone runs the
 # suite; test_seed_copies.py checks they still match the originals when those are there.
 VECTORS = Path(__file__).resolve().parent / "data" / "vectors"

@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 
 import pytest
 
-from calor.client.cli import main
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def calor(calor_target: str, channel_name: str, capsys: pytest.CaptureFixture[str]) -> Run:
-    """Run ``calor --target … --channel … ARGS``; returns (exit status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(["--target", calor_target, "--channel", channel_name, *args])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+from tests.helpers import Run
 
 
 def test_store_then_recall_prints_the_text(calor: Run) -> None:

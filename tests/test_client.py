@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -22,12 +21,6 @@ from calor.client import (
     ServerError,
     from_rpc_error,
 )
-
-
-@pytest.fixture
-def client(calor_target: str, channel_name: str) -> Iterator[CalorClient]:
-    with CalorClient(calor_target, channel=channel_name) as calor:
-        yield calor
 
 
 def test_public_surface_is_pinned_and_sorted() -> None:

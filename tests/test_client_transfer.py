@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,30 +14,10 @@ import pytest
 from calor.client import AsyncCalorClient, CalorClient, InvalidArgumentError, _cli_transfer
 from calor.client._progress import Progress
 from calor.client._transfer import Chunker, export_total
-from calor.client.cli import main
 from calor.v1 import memory_pb2
-
-Run = Callable[..., tuple[int, str, str]]
+from tests.helpers import Run
 
 CREATED = datetime(2025, 11, 3, 8, 30, 15, 250_000, tzinfo=UTC)
-
-
-@pytest.fixture
-def client(calor_target: str, channel_name: str) -> Iterator[CalorClient]:
-    with CalorClient(calor_target, channel=channel_name) as calor:
-        yield calor
-
-
-@pytest.fixture
-def calor(calor_target: str, channel_name: str, capsys: pytest.CaptureFixture[str]) -> Run:
-    """Run ``calor --target … --channel … ARGS``; returns (exit status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(["--target", calor_target, "--channel", channel_name, *args])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
 
 
 def _store_samples(client: CalorClient) -> None:

@@ -11,7 +11,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
@@ -29,30 +29,11 @@ from calor.client import (
     _subscription,
 )
 from calor.client._subscription import Backoff
-from calor.client.cli import main
 from calor.v1 import trigger_service_pb2 as tpb
+from tests.helpers import Run
 
-Run = Callable[..., tuple[int, str, str]]
 ON_STORE = tpb.EVENT_KIND_ON_STORE
 NOTIFY = tpb.EVENT_KIND_NOTIFY
-
-
-@pytest.fixture
-def client(calor_target: str, channel_name: str) -> Iterator[CalorClient]:
-    with CalorClient(calor_target, channel=channel_name) as calor:
-        yield calor
-
-
-@pytest.fixture
-def calor(calor_target: str, channel_name: str, capsys: pytest.CaptureFixture[str]) -> Run:
-    """Run ``calor --target … --channel … ARGS``; returns (exit status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(["--target", calor_target, "--channel", channel_name, *args])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
 
 
 def _history(client: CalorClient, trigger_id: str, count: int) -> list[tpb.TriggerFiring]:
