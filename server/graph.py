@@ -69,10 +69,6 @@ class Graph:
         """The kinds of the edges between two memories."""
         return frozenset(self._adjacent.get(a, {}).get(b, {}))
 
-    def degree(self, memory_id: str) -> int:
-        """How many memories this one is linked to."""
-        return len(self._adjacent.get(memory_id, {}))
-
 
 @dataclass(frozen=True)
 class Reach:

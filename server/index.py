@@ -67,10 +67,6 @@ class ChannelIndex:
         self.lexical.remove(label)
         return True
 
-    def label(self, memory_id: str) -> int | None:
-        """The label of an indexed memory."""
-        return self._label_of.get(memory_id)
-
     def memory_id(self, label: int) -> str:
         """The memory id behind a label."""
         return self._id_of[label]

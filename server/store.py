@@ -59,7 +59,6 @@ class WriteBatch:
 
     def __init__(self) -> None:
         self._batch = rocksdict.WriteBatch(raw_mode=True)
-        self.records: list[MemoryRecord] = []
         self.events: list[EventRecord] = []
 
     def append_event(self, event: EventRecord) -> None:
@@ -77,7 +76,6 @@ class WriteBatch:
     def put_record(self, record: MemoryRecord) -> None:
         """Write (or overwrite) a memory record."""
         self._batch.put(_key(b"m:", record.channel, record.id), record.to_json())
-        self.records.append(record)
 
     def put_vector(self, channel: str, memory_id: str, vector: np.ndarray) -> None:
         """Write a memory's embedding."""
@@ -182,12 +180,6 @@ class MemoryStore:
                 self.last_seq = events[-1].seq
                 for listener in self._listeners:
                     listener(events)
-
-    def get(self, channel: str, memory_id: str) -> MemoryRecord | None:
-        """The record of one memory, or None."""
-        self._check_open()
-        data = self._db.get(_key(b"m:", channel, memory_id))
-        return None if data is None else MemoryRecord.from_json(data)
 
     def get_vector(self, channel: str, memory_id: str) -> np.ndarray | None:
         """The embedding of one memory, or None."""

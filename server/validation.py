@@ -24,23 +24,11 @@ __all__ = [
     "Validator",
     "decode_page_token",
     "encode_page_token",
-    "state_name",
-    "type_name",
 ]
 
 _CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]*$")
 _MIN_TS = -62_135_596_800  # 0001-01-01
 _MAX_TS = 253_402_300_799  # 9999-12-31
-
-
-def type_name(value: int) -> str:
-    """``MEMORY_TYPE_FACT`` → ``fact``."""
-    return memory_pb2.MemoryType.Name(value).removeprefix("MEMORY_TYPE_").lower()  # type: ignore[arg-type]
-
-
-def state_name(value: int) -> str:
-    """``MEMORY_STATE_COLD`` → ``cold``."""
-    return memory_pb2.MemoryState.Name(value).removeprefix("MEMORY_STATE_").lower()  # type: ignore[arg-type]
 
 
 def _enum_name(enum: object, value: int, field: str, prefix: str) -> str:
