@@ -119,6 +119,21 @@ class Dreamer:
             channel.state = state
         return report
 
+    def add_entropy(
+        self, channel: Channel, policy: ChannelPolicy, entropy: int
+    ) -> tuple[int, bool]:
+        """Accumulate offered bytes, durably; True (and reset to 0) when the channel's
+        ``entropy_threshold`` is crossed, so the caller dreams."""
+        with channel.lock:
+            state = replace(channel.state, entropy=channel.state.entropy + entropy)
+            crossed = state.entropy >= policy.entropy_threshold
+            if crossed:
+                state.entropy = 0
+            with self._store.batch() as batch:
+                batch.put_channel_state(channel.name, state.to_json())
+            channel.state = state
+        return state.entropy, crossed
+
     # --- steps ---------------------------------------------------------------------
 
     def _write(

@@ -488,16 +488,8 @@ class MemoryEngine:
     def offer(self, channel: str, entropy: int) -> tuple[int, DreamReport | None]:
         """Add offered bytes to the channel's entropy; dream when it crosses the threshold."""
         live = self._reg.channel(channel)
-        policy = self._reg.policy(channel)
-        with live.lock:
-            state = replace(live.state, entropy=live.state.entropy + entropy)
-            crossed = state.entropy >= policy.entropy_threshold
-            if crossed:
-                state.entropy = 0
-            with self._store.batch() as batch:
-                batch.put_channel_state(channel, state.to_json())
-            live.state = state
-        return state.entropy, self.dream(channel) if crossed else None
+        accumulated, crossed = self._dreamer.add_entropy(live, self._reg.policy(channel), entropy)
+        return accumulated, self.dream(channel) if crossed else None
 
     def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
         """The channel's open conflicts as (a, b, reason)."""
