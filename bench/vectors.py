@@ -1,0 +1,95 @@
+"""The baselines' embeddings: the server's model run in the bench process, cached on disk.
+
+The dense baseline and the fusion baseline need every turn embedded with the same
+model Calor uses. Embedding LongMemEval takes the better part of an hour on a small
+CPU, so the vectors are kept under ``bench/.cache/vectors/`` (ignored by git), one
+file per question, named by the model and a digest of the exact texts: a changed text
+or model never reads a stale file. Calor itself never sees these vectors; the server
+embeds everything it stores.
+
+Run it alone to fill the cache ahead of a bench run::
+
+    .venv/bin/python bench/vectors.py --split oracle
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import longmemeval  # noqa: E402
+from longmemeval import Question  # noqa: E402
+
+from calor.models.embedder import OnnxEmbedder  # noqa: E402
+
+CACHE = longmemeval.REPO / "bench" / ".cache" / "vectors"
+
+F32 = npt.NDArray[np.float32]
+
+
+class VectorCache:
+    """Turn and question vectors per LongMemEval question, computed once."""
+
+    def __init__(self, embedder: OnnxEmbedder, root: Path = CACHE) -> None:
+        self.embedder = embedder
+        self.folder = root / embedder.model_id.replace(":", "-")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.embedded_texts = 0
+        self.embed_seconds = 0.0
+
+    def path(self, question: Question) -> Path:
+        return self.folder / f"{question.question_id}-{question.digest}.npy"
+
+    def has(self, question: Question) -> bool:
+        return self.path(question).is_file()
+
+    def get(self, question: Question) -> tuple[F32, F32]:
+        """``(turn vectors [n, dim], question vector [dim])``, embedding on a miss."""
+        path = self.path(question)
+        if path.is_file():
+            matrix: F32 = np.load(path)
+        else:
+            started = time.perf_counter()
+            turns = self.embedder.embed_passages([turn.text for turn in question.turns])
+            query = self.embedder.embed_query(question.text)
+            self.embed_seconds += time.perf_counter() - started
+            self.embedded_texts += len(question.turns) + 1
+            matrix = np.vstack([turns, query[None, :]]).astype(np.float32)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            with partial.open("wb") as f:
+                np.save(f, matrix)
+            partial.replace(path)
+        return matrix[:-1], matrix[-1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--split", choices=sorted(longmemeval.SPLITS), default="oracle")
+    parser.add_argument("--questions", type=int, default=None)
+    args = parser.parse_args(argv)
+    questions = longmemeval.load(args.split, args.questions)
+    cache = VectorCache(OnnxEmbedder.load(threads=2))
+    started = time.perf_counter()
+    for number, question in enumerate(questions, 1):
+        cache.get(question)
+        if number % 10 == 0 or number == len(questions):
+            elapsed = time.perf_counter() - started
+            print(
+                f"{number}/{len(questions)} questions, {cache.embedded_texts} texts embedded, "
+                f"{elapsed:.0f} s",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
