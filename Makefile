@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 BUF_VERSION := 1.75.0
 BUF := $(VENV)/node/node_modules/.bin/buf
 GEN := client/v1
@@ -54,6 +55,14 @@ test: $(STAMP) $(NODE_STAMP) lint
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py
+
+## The quality bench's baselines (bm25s, PyStemmer) beside the package.
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench-quality: $(BENCH_STAMP)
+	$(PY) bench/quality.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TYPECHECK)
