@@ -1,7 +1,8 @@
 """LongMemEval questions as the quality bench sees them: turns to store, gold to score.
 
-The service under test sees only what :class:`Turn` exposes through ``text``,
-``created_at`` and ``session`` (an opaque counter, 0, 1, 2… in haystack order). The
+The service under test sees only what :class:`Turn` exposes: ``text``, ``created_at``,
+``session`` (an opaque counter, 0, 1, 2… in haystack order) and ``by_user`` (who spoke,
+which the text's ``user:`` / ``assistant:`` label says anyway). The
 dataset's session ids and ``has_answer`` flags stay here, where the scorer reads them.
 """
 
@@ -34,6 +35,7 @@ class Turn:
     text: str
     session: int
     created_at: datetime
+    by_user: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,8 @@ def _question(item: dict[str, Any]) -> Question:
                 continue
             if evidence and turn.get("has_answer"):
                 gold_turns.add(len(turns))
-            turns.append(Turn(f"{turn['role']}: {content}", index, created_at))
+            role = str(turn["role"])
+            turns.append(Turn(f"{role}: {content}", index, created_at, role == "user"))
     return Question(
         question_id=str(item["question_id"]),
         question_type=str(item["question_type"]),

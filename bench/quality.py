@@ -3,8 +3,10 @@
 For each scored question (abstention questions skipped) of each split, a fresh
 ``calor serve`` subprocess gets the question's haystack in its own channel through one
 ``StoreStream`` call: one memory per turn, ``role: content`` as text, episodic,
-``created_at`` from the session date and a ``session`` tag holding an opaque counter
-(0, 1, 2… in haystack order; never the dataset's session id, nor ``has_answer``).
+``created_at`` from the session date, a ``session`` tag holding an opaque counter
+(0, 1, 2… in haystack order; never the dataset's session id, nor ``has_answer``), and
+``source`` human for the user's turns, agent for the assistant's (DESIGN §3: human is
+"a person said it"; the text's role label says the same).
 Then it is asked the question: ``Recall(limit=100, peek=True, include_archived=True,
 as_of=<question date>)``. On the same turns, outside Calor, the three baselines of
 ``baselines.py`` rank every turn. ``scoring.py`` scores all four the authors' way.
@@ -72,6 +74,7 @@ def store_haystack(stub: pb_grpc.MemoryServiceStub, channel: str, question: Ques
                 memory_type=memory_pb2.MEMORY_TYPE_EPISODIC,
                 created_at=_timestamp(turn.created_at),
                 tags={"session": str(turn.session)},
+                source=memory_pb2.SOURCE_HUMAN if turn.by_user else memory_pb2.SOURCE_AGENT,
             )
         )
         for turn in question.turns

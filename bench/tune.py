@@ -68,6 +68,7 @@ def calor_rankings(
                     memory_type="episodic",
                     created_at=turn.created_at.timestamp(),
                     tags={"session": str(turn.session)},
+                    source="human" if turn.by_user else "agent",
                 )
                 for turn in question.turns
             ]

@@ -86,6 +86,9 @@ def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.Recal
         band=hit.band,
         heat=hit.heat,
         channel_bonus=hit.channel_bonus,
+        lexical=hit.lexical,
+        source=hit.source,
+        session_penalty=hit.session_penalty,
     )
 
 

@@ -245,6 +245,12 @@ class LexicalIndex:
                     result[doc_id] += weight * tf / (tf + norm)
         return result
 
+    def best_possible(self, query: str) -> float:
+        """The BM25 score no document can reach for this query: every indexed query term
+        at unbounded frequency. Dividing a score by it gives how fully, on 0..1, a
+        document matches the query's words, comparable across queries."""
+        return sum(weight for _, weight in self._query_terms(query))
+
     def _query_terms(self, query: str) -> list[tuple[dict[int, int], float]]:
         """Postings and weight, idf·(k1+1), of each distinct indexed query term.
 

@@ -1,8 +1,13 @@
 """Recall ranking: candidates from meaning and words, scored by similarity, heat and time.
 
-score = w_sim·similarity + w_heat·heat + w_kw·keyword_overlap
+score = w_sim·(similarity + w_lex·lexical) + w_heat·heat + w_kw·keyword_overlap
         + temporal_boost (≤ w_temporal, fading over the fade days)
         + w_own if the memory is in the caller's own channel
+        + w_source·source_trust
+        − n·w_session for the n-th best hit of the same conversation (session)
+
+``similarity`` is the cosine; ``lexical`` is the memory's BM25 score as a fraction of
+the best any memory could reach for the query. bench/README.md says what each adds.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from calor.server.commands import RecallQuery
+from calor.server.heat import SOURCE_TRUST
 from calor.server.index import ChannelIndex
 from calor.server.lexical import tokenize
 from calor.server.lifecycle import Clocks, current_heat, evolve
@@ -21,7 +27,7 @@ from calor.server.policy import ChannelPolicy
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.temporal import TimeWindow, detect_window, temporal_boost
 
-__all__ = ["Hit", "band", "candidate_pool", "rank_channel", "recall_window"]
+__all__ = ["Hit", "band", "candidate_pool", "diversify", "rank_channel", "recall_window"]
 
 _SEARCHABLE = frozenset({ACTIVE, COLD})
 _ARCHIVE_TOO = frozenset({ACTIVE, COLD, ARCHIVED})
@@ -40,6 +46,9 @@ class Hit:
     temporal: float
     heat: float
     channel_bonus: float
+    lexical: float = 0.0
+    source: float = 0.0
+    session_penalty: float = 0.0
 
     @property
     def band(self) -> str:
@@ -105,19 +114,14 @@ def rank_channel(
     applied, not yet persisted).
     """
     pool = candidate_pool(query)
-    labels, sims = index.dense(query_vector, pool)
-    similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
-    lexical_only = [
-        label for label, _ in index.lexical.search(query.query, pool) if label not in similarity
-    ]
-    if lexical_only:
-        extra = index.similarities(query_vector, lexical_only)
-        similarity.update(zip(lexical_only, extra.tolist(), strict=True))
+    similarity, lexical = _candidates(index, query.query, query_vector, pool)
     terms = tokenize(query.query)
     weights = policy.weights
+
     bonus = weights.own_channel if own else 0.0
     hits: list[Hit] = []
     for label, sim in similarity.items():
+        words = lexical[label]
         record = evolve(records[index.memory_id(label)], policy, clocks)
         heat = current_heat(record, policy, clocks)
         if not _passes(record, heat, query, policy):
@@ -131,12 +135,60 @@ def rank_channel(
                 weights.temporal,
                 weights.temporal_fade_days,
             )
+        relevance = sim + weights.lexical * words
+        trust = weights.source * SOURCE_TRUST.get(record.source, SOURCE_TRUST["agent"])
         score = (
-            weights.similarity * sim
+            weights.similarity * relevance
             + weights.heat * heat
             + weights.keyword * keyword
             + boost
             + bonus
+            + trust
         )
-        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus))
+        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus, words, trust))
     return hits
+
+
+def _candidates(
+    index: ChannelIndex, text: str, query_vector: np.ndarray, pool: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The union of the ``pool`` nearest memories by meaning and by words, with each
+    candidate's cosine and how fully it matches the query's words: its BM25 score as a
+    fraction of the best score any document could reach for this query."""
+    labels, sims = index.dense(query_vector, pool)
+    similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
+    by_words = index.lexical.search(text, pool)
+    bm25 = dict(by_words)
+    ceiling = index.lexical.best_possible(text) if by_words else 0.0
+    lexical_only = [label for label in bm25 if label not in similarity]
+    if lexical_only:
+        extra = index.similarities(query_vector, lexical_only)
+        similarity.update(zip(lexical_only, extra.tolist(), strict=True))
+    dense_only = [label for label in similarity if label not in bm25]
+    if dense_only and by_words:
+        bm25.update(index.lexical.score_docs(text, dense_only))
+    lexical = {
+        label: (bm25.get(label, 0.0) / ceiling if ceiling > 0 else 0.0) for label in similarity
+    }
+    return similarity, lexical
+
+
+def diversify(hits: list[Hit], penalty: float) -> list[Hit]:
+    """Hits best first, each conversation's later turns pushed down: the n-th best hit of
+    a session (memories sharing a ``session`` tag; 0 for its best) loses ``n·penalty``, so
+    a question about several things is not answered by one conversation alone. Memories
+    without a session tag lose nothing.
+
+    Equal to choosing greedily the hit of best penalised score, one at a time: a
+    session's hits are always chosen in their own order, so the n-th has n before it.
+    """
+    seen: dict[tuple[str, str], int] = {}
+    for hit in sorted(hits, key=lambda h: (-h.score, h.record.id)):
+        session = hit.record.tags.get("session")
+        if penalty > 0 and session:
+            key = (hit.record.channel, session)
+            earlier = seen.get(key, 0)
+            seen[key] = earlier + 1
+            hit.session_penalty = earlier * penalty
+            hit.score -= hit.session_penalty
+    return sorted(hits, key=lambda h: (-h.score, h.record.id))

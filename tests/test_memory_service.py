@@ -23,8 +23,14 @@ def test_store_then_recall_finds_the_memory(memories: MemoryServiceStub, channel
     assert top.memory.id == stored.id
     assert top.similarity == pytest.approx(0.699, abs=0.01)
     assert top.band == "high"
+    # It holds both query words once ("user", "allergic"): part of the BM25 score that
+    # unbounded repeats would reach. The other memory shares no word with the query.
+    assert 0.3 < top.lexical < 1.0
+    assert reply.hits[1].lexical == 0.0
+    relevance = top.similarity + 0.50 * top.lexical
+    agent_trust = 0.12 * 0.7
     assert top.score == pytest.approx(
-        0.70 * top.similarity + 0.30 * top.heat + 0.15 * top.keyword + top.temporal + 0.10
+        0.70 * relevance + 0.30 * top.heat + 0.15 * top.keyword + top.temporal + 0.10 + agent_trust
     )
 
 

@@ -435,6 +435,9 @@ class ChannelSettings(_message.Message):
     WORKING_PROMOTION_SECONDS_FIELD_NUMBER: _builtins.int
     WORKING_PROMOTION_RECALLS_FIELD_NUMBER: _builtins.int
     DEFAULT_IMPORTANCE_FIELD_NUMBER: _builtins.int
+    WEIGHT_LEXICAL_FIELD_NUMBER: _builtins.int
+    WEIGHT_SOURCE_FIELD_NUMBER: _builtins.int
+    WEIGHT_SESSION_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -477,6 +480,14 @@ class ChannelSettings(_message.Message):
     """Recalls after which working memory becomes episodic."""
     default_importance: _builtins.float
     """Importance (0..1) of a memory stored without one, before source trust."""
+    weight_lexical: _builtins.float
+    """Weight of a memory's BM25 score (as a fraction of the best candidate's) in its
+    relevance, beside its cosine similarity.
+    """
+    weight_source: _builtins.float
+    """Weight of a memory's source trust (human 1.0, agent 0.7, extracted 0.7, ingest 0.5)."""
+    weight_session: _builtins.float
+    """Score a recall hit loses for each better hit from the same `session` tag."""
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
     def __init__(
@@ -516,10 +527,13 @@ class ChannelSettings(_message.Message):
         working_promotion_seconds: _builtins.float = ...,
         working_promotion_recalls: _builtins.int = ...,
         default_importance: _builtins.float = ...,
+        weight_lexical: _builtins.float = ...,
+        weight_source: _builtins.float = ...,
+        weight_session: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_session", b"weight_session", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
