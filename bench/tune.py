@@ -5,7 +5,7 @@ the vectors :mod:`vectors` cached (the server's model, embedded by the bench) in
 of embedding again; so a variant of the recall settings costs seconds, not the hour
 the model takes. ``quality.py`` gives the figures that count, through the server.
 
-    .venv/bin/python bench/tune.py --split oracle [--set keyword=0] [--set context=0]
+    .venv/bin/python bench/tune.py --split oracle [--set lexical=0.3] [--ablation]
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from calor.server.policy import ChannelPolicy, RecallWeights  # noqa: E402
 from calor.server.store import MemoryStore  # noqa: E402
 
 RECALL_LIMIT = 50
-SHOWN = (*scoring.HEADLINE, "turn/recall_all@5", "turn/ndcg_any@5")
 
 
 def policy_with(settings: Sequence[str]) -> ChannelPolicy:
@@ -88,38 +87,75 @@ def calor_rankings(
     return rankings
 
 
+ABLATIONS: dict[str, list[str]] = {
+    "calor (defaults)": [],
+    "- lexical fusion": ["lexical=0"],
+    "- source trust": ["source=0"],
+    "- keyword overlap": ["keyword=0"],
+    "- temporal boost": ["temporal=0"],
+    "- heat": ["heat=0"],
+    "cosine only": ["lexical=0", "source=0", "keyword=0", "temporal=0", "heat=0"],
+}
+TABLE_METRICS = (
+    "turn/recall_any@5",
+    "turn/recall_all@5",
+    "turn/recall_all@10",
+    "turn/ndcg_any@5",
+    "turn/ndcg_any@10",
+    "session/recall_all@5",
+    "session/ndcg_any@10",
+)
+
+
+def baseline_rankings(
+    questions: Sequence[Question], cache: VectorCache
+) -> dict[str, list[list[int]]]:
+    """The three baselines' full rankings for each question."""
+    systems: dict[str, list[list[int]]] = {name: [] for name in baselines.NAMES}
+    for question in questions:
+        turn_vectors, query_vector = cache.get(question)
+        texts = [t.text for t in question.turns]
+        ranked = baselines.rank_all(texts, question.text, turn_vectors, query_vector)
+        for name, ranking in ranked.items():
+            systems[name].append(ranking)
+    return systems
+
+
+def markdown(rows: dict[str, dict[str, float]]) -> str:
+    """Overall figures as a Markdown table, one row per variant."""
+    short = [m.replace("recall_", "").replace("_any", "") for m in TABLE_METRICS]
+    lines = ["| variant | " + " | ".join(short) + " |", "|---" * (len(short) + 1) + "|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[m]:.1f}" for m in TABLE_METRICS) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", choices=sorted(longmemeval.SPLITS), default="oracle")
     parser.add_argument("--questions", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], help="recall weight, name=value")
-    parser.add_argument("--baselines", action="store_true", help="score the baselines too")
+    parser.add_argument("--ablation", action="store_true", help="every piece off in turn")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/tune-last.json"))
     args = parser.parse_args(argv)
-    questions = [q for q in longmemeval.load(args.split, args.questions)]
     cache = VectorCache(OnnxEmbedder.load(threads=2))
-    questions = [q for q in questions if cache.has(q)]
+    questions = [q for q in longmemeval.load(args.split, args.questions) if cache.has(q)]
+    variants = ABLATIONS if args.ablation else {"calor " + " ".join(args.set): args.set}
     systems: dict[str, list[list[int]]] = {}
-    started = time.perf_counter()
-    systems["calor"] = calor_rankings(questions, cache, policy_with(args.set))
-    seconds = time.perf_counter() - started
-    if args.baselines:
-        for name in baselines.NAMES:
-            systems[name] = []
-        for question in questions:
-            turn_vectors, query_vector = cache.get(question)
-            texts = [t.text for t in question.turns]
-            for name, ranking in baselines.rank_all(
-                texts, question.text, turn_vectors, query_vector
-            ).items():
-                systems[name].append(ranking)
-    print(f"{len(questions)} questions, calor {seconds:.1f} s, settings {args.set}")
-    report = {}
-    for name, rankings in systems.items():
-        per_question = [scoring.score(q, r) for q, r in zip(questions, rankings, strict=True)]
-        report[name] = scoring.aggregate(questions, per_question)
-        row = report[name]["overall"]
-        print(f"{name:8}" + "".join(f"  {m} {row[m]:5.1f}" for m in SHOWN))
-    Path("/tmp/tune-last.json").write_text(json.dumps(report, indent=1))
+    for name, settings in variants.items():
+        started = time.perf_counter()
+        systems[name] = calor_rankings(questions, cache, policy_with(settings))
+        print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    systems.update(baseline_rankings(questions, cache))
+    report = {
+        name: scoring.aggregate(
+            questions, [scoring.score(q, r) for q, r in zip(questions, ranked, strict=True)]
+        )
+        for name, ranked in systems.items()
+    }
+    print(f"{args.split}: {len(questions)} questions")
+    print(markdown({name: groups["overall"] for name, groups in report.items()}))
+    args.out.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -88,7 +88,6 @@ def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.Recal
         channel_bonus=hit.channel_bonus,
         lexical=hit.lexical,
         source=hit.source,
-        session_penalty=hit.session_penalty,
     )
 
 

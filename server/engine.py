@@ -31,7 +31,7 @@ from calor.server.lifecycle import (
     refresh_utility,
 )
 from calor.server.policy import ChannelPolicy
-from calor.server.recall import Hit, diversify, rank_channel, recall_window
+from calor.server.recall import Hit, rank_channel, recall_window
 from calor.server.recall_effects import recall_effects
 from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
 from calor.server.registry import ChannelRegistry
@@ -199,7 +199,7 @@ class MemoryEngine:
             if other is not None:
                 with other.lock:
                     hits.extend(self._rank(other, query, query_vector, window, mine=False))
-        hits = diversify(hits, policy.weights.session)
+        hits.sort(key=lambda h: (-h.score, h.record.id))
         hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
         if not query.peek:
             with own.lock:

@@ -24,9 +24,8 @@ class RecallWeights:
     similarity: float = 0.70
     heat: float = 0.30
     keyword: float = 0.15
-    lexical: float = 0.50
-    source: float = 0.12
-    session: float = 0.07
+    lexical: float = 0.10
+    source: float = 0.30
     temporal: float = 0.40
     own_channel: float = 0.10
     temporal_fade_days: float = 7.0

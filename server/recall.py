@@ -4,7 +4,6 @@ score = w_sim·(similarity + w_lex·lexical) + w_heat·heat + w_kw·keyword_over
         + temporal_boost (≤ w_temporal, fading over the fade days)
         + w_own if the memory is in the caller's own channel
         + w_source·source_trust
-        − n·w_session for the n-th best hit of the same conversation (session)
 
 ``similarity`` is the cosine; ``lexical`` is the memory's BM25 score as a fraction of
 the best any memory could reach for the query. bench/README.md says what each adds.
@@ -12,6 +11,7 @@ the best any memory could reach for the query. bench/README.md says what each ad
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,10 +27,20 @@ from calor.server.policy import ChannelPolicy
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.temporal import TimeWindow, detect_window, temporal_boost
 
-__all__ = ["Hit", "band", "candidate_pool", "diversify", "rank_channel", "recall_window"]
+__all__ = ["Hit", "band", "candidate_pool", "rank_channel", "recall_window"]
 
 _SEARCHABLE = frozenset({ACTIVE, COLD})
 _ARCHIVE_TOO = frozenset({ACTIVE, COLD, ARCHIVED})
+# "What did you recommend?", "in our previous chat": the answer is in the agent's own
+# words, so for such a query the agent's memories get the trust a person's would.
+_ASKS_FOR_AGENT_WORDS = re.compile(
+    r"\byou(?:'d)?\s+(?:\w+\s+)?(?:told|said|mentioned|recommended|suggested|gave|provided"
+    r"|listed|shared|explained|described|wrote|showed|offered|proposed|named|made|included)\b"
+    r"|\b(?:our|the)\s+(?:previous|last|earlier)\s+(?:chat|conversation|discussion|talk)\b"
+    r"|\bwe\s+(?:talked|spoke|chatted)\s+about\b|\bwe\s+discussed\b",
+    re.IGNORECASE,
+)
+_AGENT_FIRST = {**SOURCE_TRUST, "human": SOURCE_TRUST["agent"], "agent": SOURCE_TRUST["human"]}
 HIGH_BAND = 0.65
 MID_BAND = 0.50
 
@@ -48,7 +58,6 @@ class Hit:
     channel_bonus: float
     lexical: float = 0.0
     source: float = 0.0
-    session_penalty: float = 0.0
 
     @property
     def band(self) -> str:
@@ -117,6 +126,7 @@ def rank_channel(
     similarity, lexical = _candidates(index, query.query, query_vector, pool)
     terms = tokenize(query.query)
     weights = policy.weights
+    trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
 
     bonus = weights.own_channel if own else 0.0
     hits: list[Hit] = []
@@ -136,7 +146,7 @@ def rank_channel(
                 weights.temporal_fade_days,
             )
         relevance = sim + weights.lexical * words
-        trust = weights.source * SOURCE_TRUST.get(record.source, SOURCE_TRUST["agent"])
+        trust = weights.source * trust_of.get(record.source, SOURCE_TRUST["agent"])
         score = (
             weights.similarity * relevance
             + weights.heat * heat
@@ -172,23 +182,3 @@ def _candidates(
     }
     return similarity, lexical
 
-
-def diversify(hits: list[Hit], penalty: float) -> list[Hit]:
-    """Hits best first, each conversation's later turns pushed down: the n-th best hit of
-    a session (memories sharing a ``session`` tag; 0 for its best) loses ``n·penalty``, so
-    a question about several things is not answered by one conversation alone. Memories
-    without a session tag lose nothing.
-
-    Equal to choosing greedily the hit of best penalised score, one at a time: a
-    session's hits are always chosen in their own order, so the n-th has n before it.
-    """
-    seen: dict[tuple[str, str], int] = {}
-    for hit in sorted(hits, key=lambda h: (-h.score, h.record.id)):
-        session = hit.record.tags.get("session")
-        if penalty > 0 and session:
-            key = (hit.record.channel, session)
-            earlier = seen.get(key, 0)
-            seen[key] = earlier + 1
-            hit.session_penalty = earlier * penalty
-            hit.score -= hit.session_penalty
-    return sorted(hits, key=lambda h: (-h.score, h.record.id))

@@ -121,7 +121,6 @@ _SCALARS: dict[str, _Rule] = {
     "weight_keyword": _weight("keyword"),
     "weight_lexical": _weight("lexical"),
     "weight_source": _weight("source"),
-    "weight_session": _weight("session"),
     "weight_temporal": _weight("temporal", 1.0),
     "weight_own_channel": _weight("own_channel"),
     "temporal_fade_days": _positive("temporal_fade_days", in_weights=True),

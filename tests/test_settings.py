@@ -285,7 +285,16 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
     policy = ChannelPolicy(
         profiles={**ChannelPolicy().profiles, "core": TypeProfile(7.0, 0.7, 3.0)},
         decay_mode="hybrid",
-        weights=RecallWeights(0.1, 0.2, 0.3, 0.4, 0.5, 6.0),
+        weights=RecallWeights(
+            similarity=0.1,
+            heat=0.2,
+            keyword=0.3,
+            lexical=0.4,
+            source=0.5,
+            temporal=0.6,
+            own_channel=0.7,
+            temporal_fade_days=8.0,
+        ),
         resonance_depth=5,
         gate_load=True,
         load_reduced_limit=7,

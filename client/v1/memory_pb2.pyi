@@ -437,7 +437,6 @@ class ChannelSettings(_message.Message):
     DEFAULT_IMPORTANCE_FIELD_NUMBER: _builtins.int
     WEIGHT_LEXICAL_FIELD_NUMBER: _builtins.int
     WEIGHT_SOURCE_FIELD_NUMBER: _builtins.int
-    WEIGHT_SESSION_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -486,8 +485,6 @@ class ChannelSettings(_message.Message):
     """
     weight_source: _builtins.float
     """Weight of a memory's source trust (human 1.0, agent 0.7, extracted 0.7, ingest 0.5)."""
-    weight_session: _builtins.float
-    """Score a recall hit loses for each better hit from the same `session` tag."""
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
     def __init__(
@@ -529,11 +526,10 @@ class ChannelSettings(_message.Message):
         default_importance: _builtins.float = ...,
         weight_lexical: _builtins.float = ...,
         weight_source: _builtins.float = ...,
-        weight_session: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_session", b"weight_session", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

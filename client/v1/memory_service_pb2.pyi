@@ -335,7 +335,6 @@ class RecallHit(_message.Message):
     CHANNEL_BONUS_FIELD_NUMBER: _builtins.int
     LEXICAL_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
-    SESSION_PENALTY_FIELD_NUMBER: _builtins.int
     score: _builtins.float
     similarity: _builtins.float
     keyword: _builtins.float
@@ -349,8 +348,6 @@ class RecallHit(_message.Message):
     """BM25 score as a fraction of the best-matching candidate's (0..1)."""
     source: _builtins.float
     """weight_source times the memory's source trust, as added to the score."""
-    session_penalty: _builtins.float
-    """What the score lost to better hits from the same session (weight_session each)."""
     @_builtins.property
     def memory(self) -> _memory_pb2.Memory: ...
     def __init__(
@@ -366,11 +363,10 @@ class RecallHit(_message.Message):
         channel_bonus: _builtins.float = ...,
         lexical: _builtins.float = ...,
         source: _builtins.float = ...,
-        session_penalty: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["band", b"band", "channel_bonus", b"channel_bonus", "heat", b"heat", "keyword", b"keyword", "lexical", b"lexical", "memory", b"memory", "score", b"score", "session_penalty", b"session_penalty", "similarity", b"similarity", "source", b"source", "temporal", b"temporal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["band", b"band", "channel_bonus", b"channel_bonus", "heat", b"heat", "keyword", b"keyword", "lexical", b"lexical", "memory", b"memory", "score", b"score", "similarity", b"similarity", "source", b"source", "temporal", b"temporal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
