@@ -181,4 +181,3 @@ def _candidates(
         label: (bm25.get(label, 0.0) / ceiling if ceiling > 0 else 0.0) for label in similarity
     }
     return similarity, lexical
-

@@ -74,4 +74,3 @@ def test_what_a_person_said_outranks_the_agent_saying_the_same(
     assert hits[1].source == pytest.approx(0.30 * 0.7)
     set_weight(settings, channel_name, "weight_source", 0.0)
     assert all(h.source == 0.0 for h in recall(memories, channel_name, "where is the key?").hits)
-
