@@ -17,6 +17,8 @@ import bm25s
 import numpy as np
 import numpy.typing as npt
 import Stemmer
+from longmemeval import Question
+from vectors import VectorCache
 
 RRF_K = 60
 NAMES = ("dense", "bm25", "rrf")
@@ -66,3 +68,16 @@ def rank_all(
     by_meaning = dense(turn_vectors, query_vector)
     by_words = bm25(texts, query)
     return {"dense": by_meaning, "bm25": by_words, "rrf": rrf(by_meaning, by_words)}
+
+
+def rank_questions(
+    questions: Sequence[Question], cache: VectorCache, depth: int | None = None
+) -> dict[str, list[list[int]]]:
+    """Each baseline's ranking of every question's turns, cut to ``depth`` if given."""
+    systems: dict[str, list[list[int]]] = {name: [] for name in NAMES}
+    for question in questions:
+        turn_vectors, query_vector = cache.get(question)
+        texts = [turn.text for turn in question.turns]
+        for name, ranking in rank_all(texts, question.text, turn_vectors, query_vector).items():
+            systems[name].append(ranking[:depth])
+    return systems

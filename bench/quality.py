@@ -147,14 +147,8 @@ def run_calor(questions: Sequence[Question], measure_latency: bool) -> Json:
 
 def run_baselines(questions: Sequence[Question], cache: VectorCache) -> Json:
     """The baselines' rankings, cut to Calor's depth, and what they cost."""
-    rankings: dict[str, list[list[int]]] = {name: [] for name in baselines.NAMES}
     started = time.perf_counter()
-    for question in questions:
-        turn_vectors, query_vector = cache.get(question)
-        texts = [turn.text for turn in question.turns]
-        ranked = baselines.rank_all(texts, question.text, turn_vectors, query_vector)
-        for name, ranking in ranked.items():
-            rankings[name].append(ranking[:RECALL_LIMIT])
+    rankings = baselines.rank_questions(questions, cache, RECALL_LIMIT)
     return {
         "rankings": rankings,
         "timing": {

@@ -107,20 +107,6 @@ TABLE_METRICS = (
 )
 
 
-def baseline_rankings(
-    questions: Sequence[Question], cache: VectorCache
-) -> dict[str, list[list[int]]]:
-    """The three baselines' full rankings for each question."""
-    systems: dict[str, list[list[int]]] = {name: [] for name in baselines.NAMES}
-    for question in questions:
-        turn_vectors, query_vector = cache.get(question)
-        texts = [t.text for t in question.turns]
-        ranked = baselines.rank_all(texts, question.text, turn_vectors, query_vector)
-        for name, ranking in ranked.items():
-            systems[name].append(ranking)
-    return systems
-
-
 def markdown(rows: dict[str, dict[str, float]]) -> str:
     """Overall figures as a Markdown table, one row per variant."""
     short = [m.replace("recall_", "").replace("_any", "") for m in TABLE_METRICS]
@@ -146,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         systems[name] = calor_rankings(questions, cache, policy_with(settings))
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    systems.update(baseline_rankings(questions, cache))
+    systems.update(baselines.rank_questions(questions, cache))
     report = {
         name: scoring.aggregate(
             questions, [scoring.score(q, r) for q, r in zip(questions, ranked, strict=True)]

@@ -135,7 +135,7 @@ class OnnxEmbedder:
         self._tokenizer = tokenizer
         pad_id = tokenizer.token_to_id(_PAD_TOKEN)
         if pad_id is None:
-            raise ModelUnavailableError(f"the tokenizer has no {_PAD_TOKEN} token")
+            raise ModelUnavailableError(f"the tokenizer has no {_PAD_TOKEN} token to pad with")
         self._pad_id: int = pad_id
         self._input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
         self._model_id = model_id
@@ -308,8 +308,6 @@ def _output_dim(session: ort.InferenceSession) -> int:
 
 def _load_tokenizer(path: Path) -> Tokenizer:
     tokenizer = Tokenizer.from_file(str(path))
-    if tokenizer.token_to_id(_PAD_TOKEN) is None:
-        raise ModelUnavailableError(f"{path} has no {_PAD_TOKEN} token")
     # The shipped file has truncation off; the model takes at most 512 positions.
     # Padding stays off: each batch is padded to its own longest text (``_pad``).
     tokenizer.enable_truncation(max_length=_MAX_TOKENS)

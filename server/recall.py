@@ -127,7 +127,6 @@ def rank_channel(
     terms = tokenize(query.query)
     weights = policy.weights
     trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
-
     bonus = weights.own_channel if own else 0.0
     hits: list[Hit] = []
     for label, sim in similarity.items():
