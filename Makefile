@@ -55,6 +55,7 @@ test: $(STAMP) $(NODE_STAMP) lint
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py
+	$(PY) bench/fairness.py
 
 ## The quality bench's baselines (bm25s, PyStemmer) beside the package.
 $(BENCH_STAMP): $(STAMP)

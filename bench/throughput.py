@@ -253,14 +253,14 @@ def render_table(report: Json) -> str:
     return "\n".join(lines)
 
 
-def write_results(report: Json, out_dir: Path) -> Path:
-    """Write the report as a timestamped JSON file and as throughput-latest.json."""
+def write_results(report: Json, out_dir: Path, name: str = "throughput") -> Path:
+    """Write the report as ``<name>-<timestamp>.json`` and as ``<name>-latest.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = report["timestamp"].replace(":", "").replace("-", "")
-    path = out_dir / f"throughput-{stamp}.json"
+    path = out_dir / f"{name}-{stamp}.json"
     text = json.dumps(report, indent=2) + "\n"
     path.write_text(text)
-    (out_dir / "throughput-latest.json").write_text(text)
+    (out_dir / f"{name}-latest.json").write_text(text)
     return path
 
 

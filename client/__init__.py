@@ -1,6 +1,6 @@
 """The Python client of Calor: ``CalorClient``, ``AsyncCalorClient`` and their errors."""
 
-from calor.client._subscription import EventStream
+from calor.client._subscription import Backoff, EventStream
 from calor.client.aio import AsyncCalorClient
 from calor.client.client import CalorClient
 from calor.client.errors import (
@@ -8,6 +8,7 @@ from calor.client.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfRangeError,
     PermissionDeniedError,
     ResourceExhaustedError,
     ServerError,
@@ -18,12 +19,14 @@ from calor.client.errors import (
 
 __all__ = [
     "AsyncCalorClient",
+    "Backoff",
     "CalorClient",
     "CalorClientError",
     "DeadlineExceededError",
     "EventStream",
     "InvalidArgumentError",
     "NotFoundError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "ServerError",

@@ -1,13 +1,15 @@
-"""Subscriptions that survive their streams: resume after the last event, back off, give up.
+"""Subscriptions that survive their streams: resume after the last event, back off, retry.
 
 A ``Subscribe`` stream ends with RESOURCE_EXHAUSTED when the subscriber fell too far
 behind and with UNAVAILABLE when the server shuts down (or cannot be reached). Both
 are resumable: the server's log still holds what the subscriber missed, so asking
 again with ``after_seq`` set to the last event the caller received continues the
 stream without a gap. :class:`Resumer` keeps that sequence number and decides, after
-each failure, whether and when to ask again; :class:`EventStream` is the blocking
-iterator that the sync client returns (the async client runs the same
-:class:`Resumer` in an async generator).
+each failure, whether and when to ask again (by default for as long as it takes,
+with jittered exponential backoff); :class:`EventStream` is the blocking iterator
+that the sync client returns (the async client runs the same :class:`Resumer` in an
+async generator). OUT_OF_RANGE (the log cannot serve the resume point) and every
+other status are raised, never retried.
 
 The resume point is the last event handed to the caller, counted here, not the
 ``calor-last-seq`` trailing metadata the server sends: what the client received is
@@ -18,6 +20,7 @@ metadata is only compared, and a disagreement logged.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -50,23 +53,38 @@ _RESUMABLE = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAV
 class Backoff:
     """How patiently a subscription resumes.
 
+    The default retries for ever: a subscription outlives any outage until its caller
+    stops it, and the random share of each wait keeps many clients from reconnecting
+    to a restarted server in one burst.
+
     Attributes:
         initial: Seconds to wait before the first resubscription after a failure.
         maximum: The longest wait; each consecutive failure doubles it up to this.
-        attempts: Consecutive failures tolerated; the next one is raised.
+        attempts: Consecutive failures tolerated, the next one being raised; None
+            retries for ever.
         reset_after: A stream that stayed open this many seconds counts as having
             recovered, even if it delivered nothing (a quiet filter), so that rare
             restarts hours apart never add up to a give-up.
+        jitter: The share of each wait drawn at random: a wait is between
+            ``(1 - jitter)`` and 1 times the doubled delay. 0 waits exactly.
     """
 
     initial: float = 0.2
-    maximum: float = 5.0
-    attempts: int = 10
+    maximum: float = 10.0
+    attempts: int | None = None
     reset_after: float = 10.0
+    jitter: float = 0.5
 
-    def delay(self, failures: int) -> float:
-        """The wait after the ``failures``-th consecutive failure (counting from 1)."""
-        return float(min(self.maximum, self.initial * 2 ** max(failures - 1, 0)))
+    def delay(self, failures: int, draw: Callable[[], float] = random.random) -> float:
+        """The wait after the ``failures``-th consecutive failure (counting from 1).
+
+        Args:
+            failures: Consecutive failures so far, at least 1.
+            draw: A number in [0, 1): the random part (a test passes its own).
+        """
+        doublings = min(max(failures - 1, 0), 64)  # past 64 the cap holds anyway
+        ceiling = min(self.maximum, self.initial * 2.0**doublings)
+        return float(ceiling * (1.0 - self.jitter * draw()))
 
 
 BACKOFF = Backoff()
@@ -122,10 +140,17 @@ class Resumer:
         self._opened_at = time.monotonic()
 
     def request(self) -> trigger_service_pb2.SubscribeRequest:
-        """The request for the next call: the filter, after the last event handed over."""
+        """The request for the next call: the filter, after the last event handed over.
+
+        ``from_oldest_retained`` is kept only until an event arrives: after that a
+        gap is a loss the caller must hear about, not skip.
+        """
         request = trigger_service_pb2.SubscribeRequest()
         request.CopyFrom(self._request)
         request.after_seq = self.last_seq
+        request.from_oldest_retained = (
+            self._request.from_oldest_retained and self.last_seq == self._request.after_seq
+        )
         return request
 
     def opened(self) -> None:
@@ -148,8 +173,8 @@ class Resumer:
 
         RESOURCE_EXHAUSTED waits as long as the server's ``RetryInfo`` asks (capped
         at the backoff's maximum), else like UNAVAILABLE: ``initial`` doubling up to
-        ``maximum``. Any other status, resuming turned off, or more than
-        ``attempts`` consecutive failures gives None.
+        ``maximum``, jittered. Any other status (OUT_OF_RANGE among them), resuming
+        turned off, or more than ``attempts`` consecutive failures gives None.
         """
         code, details, trailing = _status(err)
         if not self._resume or code not in _RESUMABLE:
@@ -157,10 +182,11 @@ class Resumer:
         if time.monotonic() - self._opened_at >= self._backoff.reset_after:
             self.failures = 0
         self.failures += 1
-        if self.failures > self._backoff.attempts:
+        limit = self._backoff.attempts
+        if limit is not None and self.failures > limit:
             log.warning(
                 "subscription failed again after %d retries (%s: %s); giving up",
-                self._backoff.attempts,
+                limit,
                 code.name if code else "?",
                 details,
             )
@@ -179,13 +205,13 @@ class Resumer:
             )
         log.log(
             logging.INFO if code == grpc.StatusCode.RESOURCE_EXHAUSTED else logging.WARNING,
-            "subscription ended (%s: %s); resubscribing after seq %d in %.1f s (%d/%d)",
+            "subscription ended (%s: %s); resubscribing after seq %d in %.1f s (attempt %d%s)",
             code.name if code else "?",
             details,
             self.last_seq,
             delay,
             self.failures,
-            self._backoff.attempts,
+            "" if limit is None else f" of {limit}",
         )
         return delay
 

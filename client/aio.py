@@ -15,7 +15,7 @@ from calor.client import _convert, _convert_triggers, _enums, _transfer
 from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
 from calor.client._convert_triggers import TriggerOptions
 from calor.client._enums import EnumArg
-from calor.client._subscription import Resumer
+from calor.client._subscription import Backoff, Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
 from calor.client.errors import from_rpc_error, translate_rpc_errors
 from calor.v1 import (
@@ -311,6 +311,8 @@ class AsyncCalorClient(_convert.ClientBase):
         trigger_ids: Iterable[str] = (),
         after_seq: int = 0,
         resume: bool = True,
+        from_oldest_retained: bool = False,
+        backoff: Backoff | None = None,
     ) -> AsyncGenerator[trigger_service_pb2.Event, None]:
         """Stream logged events, resuming by itself; see :meth:`CalorClient.subscribe`.
 
@@ -324,7 +326,8 @@ class AsyncCalorClient(_convert.ClientBase):
                 print(event.seq, event.message)
         """
         request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
-        return self._events(Resumer(request, resume=resume))
+        request.from_oldest_retained = from_oldest_retained
+        return self._events(Resumer(request, resume=resume, backoff=backoff))
 
     async def _events(self, resumer: Resumer) -> AsyncGenerator[trigger_service_pb2.Event, None]:
         """The events of one subscription across as many calls as it takes."""

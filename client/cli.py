@@ -23,6 +23,7 @@ from calor.client import _render
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
+from calor.client._subscription import Backoff
 from calor.client.client import CalorClient
 from calor.client.errors import CalorClientError, InvalidArgumentError, UnavailableError
 from calor.v1 import memory_service_pb2
@@ -88,6 +89,17 @@ def _quiet_broken_pipe() -> Iterator[None]:
 
 
 # --- commands -------------------------------------------------------------------------
+
+
+def _allow_entry(value: str) -> str:
+    """A ``--webhook-allow`` entry, checked when the command line is read."""
+    from calor.triggers.webhook import parse_allow_entry  # stdlib only: no server code
+
+    try:
+        parse_allow_entry(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -187,13 +199,16 @@ def _subscribe(client: CalorClient, args: argparse.Namespace) -> None:
     """Print events as they come, one line (or JSON object) each, until Ctrl-C.
 
     Ctrl-C ends it with status 0, as does ``--max-events N`` after N events.
-    Resubscriptions after the server cut the stream are reported on stderr.
+    Resubscriptions after the server cut the stream are reported on stderr; by
+    default they go on for as long as the server is away (``--max-attempts``).
     """
     events = client.subscribe(
         channels=() if args.all_channels else (client.channel,),
         kinds=args.kind,
         trigger_ids=args.trigger,
         after_seq=args.after_seq,
+        from_oldest_retained=args.from_oldest,
+        backoff=Backoff(attempts=args.max_attempts) if args.max_attempts > 0 else None,
     )
     notices = logging.StreamHandler(sys.stderr)
     notices.setFormatter(logging.Formatter("calor: %(message)s"))
@@ -290,9 +305,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--webhook-allow",
-        metavar="HOST",
+        metavar="HOST:PORT",
         action="append",
-        help="a host trigger webhooks may reach (repeatable; default: none)",
+        type=_allow_entry,
+        help="a host and port trigger webhooks may reach, e.g. hooks.example.com:8443 or "
+        "[::1]:8080; a bare host allows its ports 80 and 443 only (repeatable; default: none)",
     )
 
     store = command("store", _store, "store a memory")
@@ -398,6 +415,19 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="start after event N (default 0: everything the log still holds)",
+    )
+    subscribe.add_argument(
+        "--from-oldest",
+        action="store_true",
+        help="if the log no longer holds the events after --after-seq, start from the "
+        "oldest it holds instead of failing",
+    )
+    subscribe.add_argument(
+        "--max-attempts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="give up after N failed reconnections in a row (default: keep reconnecting)",
     )
     # For scripts and tests: stop after N events (left out of --help).
     subscribe.add_argument("--max-events", type=int, default=0, help=argparse.SUPPRESS)

@@ -12,7 +12,7 @@ from calor.client import _convert, _convert_triggers, _enums, _transfer
 from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
 from calor.client._convert_triggers import TriggerOptions
 from calor.client._enums import EnumArg
-from calor.client._subscription import EventStream, Resumer
+from calor.client._subscription import Backoff, EventStream, Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
 from calor.client.errors import ServerError, translate_rpc_errors
 from calor.v1 import (
@@ -446,6 +446,8 @@ class CalorClient(_convert.ClientBase):
         trigger_ids: Iterable[str] = (),
         after_seq: int = 0,
         resume: bool = True,
+        from_oldest_retained: bool = False,
+        backoff: Backoff | None = None,
     ) -> EventStream:
         """Stream logged events: first those the log holds after ``after_seq``, then live ones.
 
@@ -454,10 +456,12 @@ class CalorClient(_convert.ClientBase):
         ``[calor.channel]`` for the client's own). The stream has no deadline.
 
         When the server ends the stream because the caller fell behind
-        (RESOURCE_EXHAUSTED) or it is going away (UNAVAILABLE), the stream
-        resubscribes by itself after the last event it yielded, waiting 0.2 s
-        doubling up to 5 s between attempts, so nothing is lost or repeated; after
-        10 failures in a row it raises the error. Iterating blocks; close the
+        (RESOURCE_EXHAUSTED) or it is going away or cannot be reached
+        (UNAVAILABLE), the stream resubscribes by itself after the last event it
+        yielded, so nothing is lost or repeated. By default it keeps trying for as
+        long as the outage lasts, waiting 0.2 s doubling up to 10 s (less a random
+        share of up to half) between attempts; pass ``backoff`` to change that or to
+        give up after a number of failures in a row. Iterating blocks; close the
         stream (from any thread) or leave its ``with`` block to cancel the call.
 
         Example::
@@ -473,6 +477,12 @@ class CalorClient(_convert.ClientBase):
             after_seq: Start after this sequence number (0: the oldest event kept).
             resume: Resubscribe after RESOURCE_EXHAUSTED and UNAVAILABLE; with False
                 those are raised like any other error.
+            from_oldest_retained: If retention dropped events after ``after_seq``,
+                start from the oldest event kept instead of raising
+                :class:`~calor.client.errors.OutOfRangeError`.
+            backoff: How to wait between resubscriptions and how many failures in a
+                row to allow (:class:`~calor.client.Backoff`); None: the default,
+                which retries for ever.
 
         Returns:
             An iterator of ``Event`` messages; its ``last_seq`` is the resume point.
@@ -480,9 +490,13 @@ class CalorClient(_convert.ClientBase):
         Raises:
             InvalidArgumentError: An unknown kind or a negative ``after_seq`` (at
                 once); a channel the server rejects (when iterating).
+            OutOfRangeError: When iterating: ``after_seq`` (or the resume point after
+                an outage) is past the end of the server's log, or retention dropped
+                events after it; ``last_seq`` or ``oldest_seq`` names the bound.
         """
         request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
+        request.from_oldest_retained = from_oldest_retained
         return EventStream(
             lambda req: self._triggers.Subscribe(req, timeout=None),
-            Resumer(request, resume=resume),
+            Resumer(request, resume=resume, backoff=backoff),
         )

@@ -10,6 +10,9 @@
     ├── DeadlineExceededError     DEADLINE_EXCEEDED   the call ran out of time (it may have
     │                                                 committed: retry with an idempotency key)
     ├── UnimplementedError        UNIMPLEMENTED       declared in the API, not built yet
+    ├── OutOfRangeError           OUT_OF_RANGE        a subscription's resume point is past the
+    │                                                 log's end or older than it retains;
+    │                                                 ``.last_seq`` / ``.oldest_seq``
     └── ServerError               anything else       INTERNAL, UNKNOWN, FAILED_PRECONDITION, …
 
 The clients translate every ``grpc.RpcError`` with ``raise from_rpc_error(e) from e``
@@ -33,6 +36,7 @@ __all__ = [
     "DeadlineExceededError",
     "InvalidArgumentError",
     "NotFoundError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "ServerError",
@@ -96,6 +100,31 @@ class UnimplementedError(CalorClientError):
     """The server does not implement this call."""
 
 
+class OutOfRangeError(CalorClientError):
+    """A subscription asked to resume where the server's event log cannot serve it.
+
+    Resubscribing the same way fails the same way, so it is raised, never retried.
+
+    Attributes:
+        last_seq: The log's last sequence, when the resume point was past it (the
+            server lost its log, or the number came from another server).
+        oldest_seq: The oldest sequence the log retains, when retention dropped
+            events after the resume point; subscribe with
+            ``from_oldest_retained=True`` to continue from it, accepting the loss.
+    """
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        last_seq: int | None = None,
+        oldest_seq: int | None = None,
+    ) -> None:
+        super().__init__(code, details)
+        self.last_seq = last_seq
+        self.oldest_seq = oldest_seq
+
+
 class ServerError(CalorClientError):
     """Any other failure: an internal error, an unknown status, a failed precondition."""
 
@@ -138,6 +167,14 @@ def from_rpc_error(err: grpc.RpcError) -> CalorClientError:
     details = err.details() or ""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return ResourceExhaustedError(code, details, retry_after=_retry_after(err))
+    if code == grpc.StatusCode.OUT_OF_RANGE:
+        trailing = _trailing_numbers(err)
+        return OutOfRangeError(
+            code,
+            details,
+            last_seq=trailing.get(_LOG_LAST_SEQ_KEY),
+            oldest_seq=trailing.get(_LOG_OLDEST_SEQ_KEY),
+        )
     return _BY_CODE.get(code, ServerError)(code, details)
 
 
@@ -151,6 +188,21 @@ def translate_rpc_errors() -> Iterator[None]:
         yield
     except grpc.RpcError as err:
         raise from_rpc_error(err) from err
+
+
+_LOG_LAST_SEQ_KEY = "calor-log-last-seq"
+_LOG_OLDEST_SEQ_KEY = "calor-log-oldest-seq"
+
+
+def _trailing_numbers(call: _Call) -> dict[str, int]:
+    """The call's trailing metadata entries whose values are whole numbers."""
+    numbers: dict[str, int] = {}
+    for key, value in call.trailing_metadata() or ():
+        try:
+            numbers[key] = int(value)
+        except (TypeError, ValueError):
+            continue
+    return numbers
 
 
 def _retry_after(call: _Call) -> float | None:

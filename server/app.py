@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
 from calor.server.embedding import EmbeddingQueue
 from calor.server.engine import MemoryEngine
+from calor.server.heap import settle
 from calor.server.memory_service import MemoryServicer
 from calor.server.policy import ChannelPolicy
 from calor.server.runtime import Runtime
@@ -42,6 +44,8 @@ from calor.v1 import (
 __all__ = ["CalorServer", "serve"]
 
 log = logging.getLogger("calor.server")
+
+_GIL_SWITCH_SECONDS = 0.001
 
 _SERVICE_NAMES = (
     memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
@@ -131,6 +135,7 @@ class CalorServer:
             None, MemoryEngine.open, store, self.clock, ChannelPolicy()
         )
         engine.background = self.runtime.executor.submit
+        settle()  # the channels just loaded live until forgotten: out of the collector's view
         self._embeddings = EmbeddingQueue(embedder)
         triggers = TriggerEngine(
             store,
@@ -199,4 +204,7 @@ def serve(config: ServerConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A thread waiting for the GIL gets it within this long: a recall's few Python steps
+    # are not held 5 ms each (the default) behind another client's batch being built.
+    sys.setswitchinterval(_GIL_SWITCH_SECONDS)
     asyncio.run(_run(config))

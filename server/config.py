@@ -51,7 +51,9 @@ class ServerConfig:
         model_threads: onnxruntime intra-op threads.
         workers: Threads for blocking store and index work.
         limits: Request caps.
-        webhook_allow: Hosts trigger webhooks may reach; any other is refused.
+        webhook_allow: Where trigger webhooks may go: ``host:port`` entries
+            (``[::1]:8080`` for IPv6), a bare host meaning its ports 80 and 443;
+            anything else is refused.
         event_retention: Most events the log keeps (older ones are trimmed).
         event_retention_seconds: Oldest events the log keeps, by age.
         subscriber_queue: Events a subscriber may fall behind before its stream ends.

@@ -129,6 +129,8 @@ class Dreamer:
             crossed = state.entropy >= policy.entropy_threshold
             if crossed:
                 state.entropy = 0
+            if state == channel.state:
+                return state.entropy, crossed  # nothing offered: nothing to write
             with self._store.batch() as batch:
                 batch.put_channel_state(channel.name, state.to_json())
             channel.state = state

@@ -1,12 +1,21 @@
-"""The model off the event loop: one inference thread, concurrent requests coalesced into batches.
+"""The model off the event loop: queries on their own thread, ingest in fair chunks.
 
-A lone request runs at once (no waiting to fill a batch); requests that arrive while
-the model is busy are embedded together in the next run, which is where batching pays.
+Queries have their own lane, a model thread of their own: a recall never waits behind
+ingest work, and the queries waiting when that thread comes free are embedded together.
+Ingest texts run on a second thread in chunks that take about ``chunk_seconds`` on this
+machine (measured as the model runs). Each ingest batch (a ``StoreStream``, an
+``Import``, one ``Store``) is a lane of its own, and lanes take turns a chunk at a
+time, so one client's 20,000 items cannot hold back another client's ten, and a
+client that goes away stops costing model time after the chunk in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -14,82 +23,276 @@ import numpy as np
 
 from calor.models.embedder import Embedder
 
-__all__ = ["EmbeddingQueue"]
+__all__ = ["BatchEmbedding", "EmbeddingQueue", "IngestLane"]
+
+# Until the model has run once, a chunk is this many characters (a few long turns).
+_FIRST_CHUNK_CHARS = 1_500
+# How much each measured run moves the estimate of seconds per character.
+_SMOOTHING = 0.3
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
+    """Texts one caller waits for; filled a slice at a time."""
+
     texts: list[str]
-    query: bool
     future: asyncio.Future[np.ndarray] = field(repr=False)
+    vectors: np.ndarray | None = None
+    next: int = 0  # the first text not yet handed to the model
+    remaining: int = 0  # texts whose vectors have not come back yet
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.texts)
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether nobody waits for this job any more (the caller went away)."""
+        return self.future.done()
+
+
+@dataclass(eq=False)
+class _Slice:
+    """Texts ``start:end`` of a job, run together in one model call."""
+
+    job: _Job
+    start: int
+    end: int
+
+
+class IngestLane:
+    """A name for one batch's ingest work: its chunks queue behind each other, and
+    take turns with other lanes' chunks."""
+
+    _ids = itertools.count()
+
+    def __init__(self) -> None:
+        self.key: Hashable = next(self._ids)
 
 
 class EmbeddingQueue:
-    """Embeds passages and queries for many callers on one dedicated thread."""
+    """Embeds queries and passages for many callers, each kind on its own model thread."""
 
-    def __init__(self, embedder: Embedder, max_batch: int = 64) -> None:
+    def __init__(
+        self, embedder: Embedder, max_batch: int = 64, chunk_seconds: float = 0.05
+    ) -> None:
         self.embedder = embedder
         self._max_batch = max_batch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calor-model")
-        self._jobs: asyncio.Queue[_Job] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._chunk_seconds = chunk_seconds
+        self._seconds_per_char: float | None = None
+        self._query_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calor-query")
+        self._ingest_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calor-model")
+        self._queries: deque[_Job] = deque()
+        self._lanes: OrderedDict[Hashable, deque[_Job]] = OrderedDict()
+        self._query_ready: asyncio.Event | None = None
+        self._ingest_ready: asyncio.Event | None = None
+        self._workers: list[asyncio.Task[None]] = []
 
-    async def passages(self, texts: list[str]) -> np.ndarray:
-        """Unit vectors for stored texts, one row each."""
-        return await self._submit(texts, query=False)
+    async def passages(self, texts: list[str], lane: IngestLane | None = None) -> np.ndarray:
+        """Unit vectors for stored texts, one row each.
+
+        Args:
+            texts: The texts, embedded as given.
+            lane: The batch these texts belong to; texts of one lane are embedded in
+                the order given and take turns with other lanes. None: a lane of their own.
+        """
+        if not texts:
+            return self._empty()
+        self._start()
+        job = _Job(list(texts), asyncio.get_running_loop().create_future())
+        key = lane.key if lane is not None else IngestLane().key
+        self._lanes.setdefault(key, deque()).append(job)
+        assert self._ingest_ready is not None
+        self._ingest_ready.set()
+        return await job.future
 
     async def query(self, text: str) -> np.ndarray:
         """The unit vector of a search query (with the model's query prefix)."""
-        vectors = await self._submit([text], query=True)
+        self._start()
+        job = _Job([text], asyncio.get_running_loop().create_future())
+        self._queries.append(job)
+        assert self._query_ready is not None
+        self._query_ready.set()
+        vectors = await job.future
         return np.asarray(vectors[0], dtype=np.float32)
 
-    async def _submit(self, texts: list[str], query: bool) -> np.ndarray:
-        if not texts:
-            return np.empty((0, self.embedder.dim), dtype=np.float32)
-        if self._jobs is None:
-            self._jobs = asyncio.Queue()
-            self._worker = asyncio.create_task(self._work(self._jobs), name="calor-embed")
-        job = _Job(texts, query, asyncio.get_running_loop().create_future())
-        self._jobs.put_nowait(job)
-        return await job.future
+    def _empty(self) -> np.ndarray:
+        return np.empty((0, self.embedder.dim), dtype=np.float32)
 
-    async def _work(self, jobs: asyncio.Queue[_Job]) -> None:
+    def _start(self) -> None:
+        if self._workers:
+            return
+        self._query_ready, self._ingest_ready = asyncio.Event(), asyncio.Event()
+        self._workers = [
+            asyncio.create_task(
+                self._work(self._query_ready, self._take_queries, self._query_thread, True),
+                name="calor-embed-queries",
+            ),
+            asyncio.create_task(
+                self._work(self._ingest_ready, self._take_chunk, self._ingest_thread, False),
+                name="calor-embed-ingest",
+            ),
+        ]
+
+    async def _work(
+        self,
+        ready: asyncio.Event,
+        take: Callable[[], list[_Slice]],
+        thread: ThreadPoolExecutor,
+        query: bool,
+    ) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await jobs.get()]
-            size = len(batch[0].texts)
-            while not jobs.empty() and size < self._max_batch:
-                batch.append(jobs.get_nowait())
-                size += len(batch[-1].texts)
-            # Queries first: a recall never waits behind the ingest texts coalesced with it.
-            for query in (True, False):
-                group = [job for job in batch if job.query is query]
-                if group:
-                    await self._run(loop, group, query)
+            await ready.wait()
+            chunk = take()
+            if chunk:
+                await self._run(loop, thread, chunk, query)
+            else:
+                ready.clear()
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, group: list[_Job], query: bool) -> None:
-        texts = [text for job in group for text in job.texts]
+    def _take_queries(self) -> list[_Slice]:
+        """Every waiting query, up to a model batch."""
+        taken: list[_Slice] = []
+        while self._queries and len(taken) < self._max_batch:
+            job = self._queries.popleft()
+            if not job.abandoned:
+                taken.append(_Slice(job, 0, len(job.texts)))
+        return taken
+
+    def _budget_chars(self) -> int:
+        if self._seconds_per_char is None:
+            return _FIRST_CHUNK_CHARS
+        return max(1, int(self._chunk_seconds / self._seconds_per_char))
+
+    def _take_chunk(self) -> list[_Slice]:
+        """The next chunk of ingest texts: from the lane whose turn it is, topped up from
+        the lanes after it when that lane has less than a chunk waiting."""
+        budget, count = self._budget_chars(), 0
+        taken: list[_Slice] = []
+        for key in list(self._lanes):
+            jobs = self._lanes[key]
+            served = False
+            while jobs and count < self._max_batch:
+                job = jobs[0]
+                if job.abandoned:
+                    jobs.popleft()
+                    continue
+                end = job.next
+                while end < len(job.texts) and count < self._max_batch:
+                    size = len(job.texts[end])
+                    if count and size > budget:
+                        break  # the chunk is full; a first text always fits
+                    budget -= size
+                    count += 1
+                    end += 1
+                if end == job.next:
+                    break
+                taken.append(_Slice(job, job.next, end))
+                served, job.next = True, end
+                if end < len(job.texts):
+                    break
+                jobs.popleft()
+            if not jobs:
+                del self._lanes[key]
+            elif served:
+                self._lanes.move_to_end(key)  # its turn is over: behind the others
+            if count >= self._max_batch or budget <= 0:
+                break
+        return taken
+
+    async def _run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        thread: ThreadPoolExecutor,
+        chunk: list[_Slice],
+        query: bool,
+    ) -> None:
+        texts = [text for piece in chunk for text in piece.job.texts[piece.start : piece.end]]
         embed = self.embedder.embed_queries if query else self.embedder.embed_passages
+        started = time.perf_counter()
         try:
-            vectors = await loop.run_in_executor(self._executor, embed, texts)
+            vectors = await loop.run_in_executor(thread, embed, texts)
         except Exception as exc:  # handed to every waiting caller, not swallowed
-            for job in group:
-                if not job.future.done():
-                    job.future.set_exception(exc)
+            for piece in chunk:
+                if not piece.job.abandoned:
+                    piece.job.future.set_exception(exc)
             return
-        start = 0
-        for job in group:
-            end = start + len(job.texts)
-            if not job.future.done():
-                job.future.set_result(vectors[start:end])
-            start = end
+        if not query:
+            self._measured(time.perf_counter() - started, sum(len(t) for t in texts))
+        offset = 0
+        for piece in chunk:
+            size = piece.end - piece.start
+            _deliver(piece, vectors[offset : offset + size])
+            offset += size
+
+    def _measured(self, seconds: float, chars: int) -> None:
+        """Fold one ingest run's speed into the estimate that sizes chunks."""
+        rate = seconds / max(chars, 1)
+        previous = self._seconds_per_char
+        self._seconds_per_char = (
+            rate if previous is None else previous + _SMOOTHING * (rate - previous)
+        )
 
     async def close(self) -> None:
-        """Stop the worker and the inference thread."""
-        if self._worker is not None:
-            self._worker.cancel()
+        """Stop the workers and the inference threads."""
+        for worker in self._workers:
+            worker.cancel()
             try:
-                await self._worker
+                await worker
             except asyncio.CancelledError:
                 pass
-        self._executor.shutdown(wait=True)
+        self._query_thread.shutdown(wait=True)
+        self._ingest_thread.shutdown(wait=True)
+
+
+def _deliver(piece: _Slice, vectors: np.ndarray) -> None:
+    """Put a slice's vectors in place; answer the caller once the whole job is done."""
+    job = piece.job
+    if job.abandoned:
+        return
+    if piece.start == 0 and piece.end == len(job.texts):
+        job.future.set_result(vectors)
+        return
+    if job.vectors is None:
+        job.vectors = np.empty((len(job.texts), vectors.shape[1]), dtype=np.float32)
+    job.vectors[piece.start : piece.end] = vectors
+    job.remaining -= piece.end - piece.start
+    if job.remaining == 0:
+        job.future.set_result(job.vectors)
+
+
+class BatchEmbedding:
+    """The vectors of one batch whose texts arrive over time (a stream, an import):
+    each full chunk of ``chunk`` texts goes to the model as soon as it is complete,
+    in one lane, so embedding overlaps receiving."""
+
+    def __init__(self, queue: EmbeddingQueue, chunk: int) -> None:
+        self._queue = queue
+        self._chunk = chunk
+        self._lane = IngestLane()
+        self._waiting: list[str] = []
+        self._pending: list[asyncio.Future[np.ndarray]] = []
+
+    def add(self, texts: list[str]) -> None:
+        """Queue texts; they are embedded in the order added."""
+        self._waiting.extend(texts)
+        while len(self._waiting) >= self._chunk:
+            self._send(self._waiting[: self._chunk])
+            del self._waiting[: self._chunk]
+
+    def _send(self, texts: list[str]) -> None:
+        self._pending.append(asyncio.ensure_future(self._queue.passages(texts, self._lane)))
+
+    async def vectors(self) -> np.ndarray:
+        """Every text's vector, one row each in the order added."""
+        if self._waiting:
+            self._send(self._waiting)
+            self._waiting = []
+        parts = [await part for part in self._pending]
+        if not parts:
+            return np.empty((0, self._queue.embedder.dim), dtype=np.float32)
+        return np.concatenate(parts)
+
+    def cancel(self) -> None:
+        """Drop what has not been embedded yet (the caller went away or failed)."""
+        for part in self._pending:
+            part.cancel()

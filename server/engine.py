@@ -15,12 +15,14 @@ import numpy as np
 
 from calor.models.entities import entity_key
 from calor.server.channel import Channel
+from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
 from calor.server.dream import Dreamer, DreamReport, conflict_key
 from calor.server.errors import InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.graph import Edge
+from calor.server.heap import BULK_ITEMS, bulk_build
 from calor.server.ingest import build_records
 from calor.server.lifecycle import (
     Clocks,
@@ -36,7 +38,7 @@ from calor.server.recall_effects import recall_effects
 from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
 from calor.server.registry import ChannelRegistry
 from calor.server.results import ChannelStatus, Prepared, RecallResult, Stored
-from calor.server.store import MemoryStore, WriteBatch
+from calor.server.store import BatchWrites, MemoryStore, WriteBatch
 from calor.server.temporal import TimeWindow
 
 __all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
@@ -48,6 +50,8 @@ _LIVE = frozenset({ACTIVE, COLD})
 # scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
 # old crossing comes due.
 _RESONATED_LOGGED = 64
+# A bulk store writes its vectors ahead of its records this many to a batch.
+_VECTORS_AHEAD = 256
 
 
 class MemoryEngine:
@@ -96,7 +100,10 @@ class MemoryEngine:
         for channel in channels:
             channel.lock.acquire()
         try:
-            return self._store_locked(items, vectors)
+            if len(items) < BULK_ITEMS:
+                return self._store_locked(items, vectors)
+            with bulk_build():
+                return self._store_locked(items, vectors)
         finally:
             for channel in reversed(channels):
                 channel.lock.release()
@@ -118,13 +125,18 @@ class MemoryEngine:
                 if item.idempotency_key:
                     seen[key] = position
                 fresh.setdefault(item.channel, []).append(position)
-        prepared: dict[str, Prepared] = {}
+        prepared = {
+            name: self._prepare(
+                self._reg.channel(name), [items[p] for p in positions], vectors[positions]
+            )
+            for name, positions in fresh.items()
+        }
+        ahead = len(items) >= BULK_ITEMS
+        if ahead:
+            self._write_vectors_ahead(prepared)
         with self._store.batch() as batch:
-            for name, positions in fresh.items():
-                channel = self._reg.channel(name)
-                prepared[name] = self._prepare(
-                    channel, [items[p] for p in positions], vectors[positions], batch
-                )
+            for name, done in prepared.items():
+                self._write_prepared(self._reg.channel(name), done, batch, vectors=not ahead)
         for name, positions in fresh.items():
             channel = self._reg.channel(name)
             policy = self._reg.policy(name)
@@ -143,32 +155,50 @@ class MemoryEngine:
                 results[position] = Stored(first.record, False)
         return [Stored(replace(r.record), r.created) for r in results if r is not None]
 
-    def _prepare(
-        self, channel: Channel, items: list[NewMemory], vectors: np.ndarray, batch: WriteBatch
-    ) -> Prepared:
+    def _prepare(self, channel: Channel, items: list[NewMemory], vectors: np.ndarray) -> Prepared:
         policy = self._reg.policy(channel.name)
         now = self._clock.now()
         ingested = build_records(
             items, vectors, channel.neighbourhood(), policy, now, channel.state.interactions
         )
         state = replace(channel.state, interactions=channel.state.interactions + len(items))
-        for entry in ingested:
-            batch.put_record(entry.record)
-            batch.append_event(memory_event("on_store", entry.record, now, entry.record.heat0))
-            batch.put_vector(channel.name, entry.record.id, entry.vector)
-            if entry.record.idempotency_key:
-                batch.put_idempotency(channel.name, entry.record.idempotency_key, entry.record.id)
-            for edge in entry.edges:
-                batch.put_edge(channel.name, edge.from_id, edge.to_id, edge.kind, edge.weight)
         confirmed: list[MemoryRecord] = []
         for older_id in sorted({c for entry in ingested for c in entry.confirms}):
             older = channel.records.get(older_id)
             if older is not None:
                 confirmed.append(replace(older, confirmations=older.confirmations + 1))
                 refresh_utility(confirmed[-1], now)
-                batch.put_record(confirmed[-1])
-        batch.put_channel_state(channel.name, state.to_json())
-        return Prepared(ingested, state, confirmed)
+        return Prepared(ingested, state, confirmed, now)
+
+    def _write_prepared(
+        self, channel: Channel, done: Prepared, batch: WriteBatch, vectors: bool
+    ) -> None:
+        for entry in done.ingested:
+            batch.put_record(entry.record)
+            batch.append_event(memory_event("on_store", entry.record, done.at, entry.record.heat0))
+            if vectors:
+                batch.put_vector(channel.name, entry.record.id, entry.vector)
+            if entry.record.idempotency_key:
+                batch.put_idempotency(channel.name, entry.record.idempotency_key, entry.record.id)
+            for edge in entry.edges:
+                batch.put_edge(channel.name, edge.from_id, edge.to_id, edge.kind, edge.weight)
+        for record in done.confirmed:
+            batch.put_record(record)
+        batch.put_channel_state(channel.name, done.state.to_json())
+
+    def _write_vectors_ahead(self, prepared: dict[str, Prepared]) -> None:
+        """Write a bulk store's vectors ahead of its records, in batches of their own.
+
+        The records' batch stays the one commit point: a vector whose record was never
+        written is never indexed, and is dropped at the next start. What this buys is a
+        shorter final write; the RocksDB binding holds the GIL while it writes and
+        syncs, so that write is a pause for every other client's recall.
+        """
+        entries = [(name, e) for name, done in prepared.items() for e in done.ingested]
+        for start in range(0, len(entries), _VECTORS_AHEAD):
+            with self._store.batch() as batch:
+                for name, entry in entries[start : start + _VECTORS_AHEAD]:
+                    batch.put_vector(name, entry.record.id, entry.vector)
 
     # --- recall ----------------------------------------------------------------
 
@@ -180,6 +210,7 @@ class MemoryEngine:
         Unless ``peek``, the returned memories of the caller's own channel are
         recalled (heat bumped, stability multiplied, count raised), their heat
         resonates to their neighbours, and the channel heats up; all made durable.
+        A channel never written to is read as an empty one and stays unwritten.
         """
         now = self._clock.now()
         window = recall_window(query, now)
@@ -188,12 +219,16 @@ class MemoryEngine:
         if overloaded and policy.gate_load:
             limit = min(limit, policy.load_reduced_limit)
         hits: list[Hit] = []
-        own = self._reg.channel(query.channel)
-        with own.lock:
+        own = self._reg.find(query.channel)
+        if own is None:
             if not query.peek:
-                own.state.check_ceiling(policy, now)
-            self._migrate_due(own)
-            hits.extend(self._rank(own, query, query_vector, window, mine=True))
+                ChannelState().check_ceiling(policy, now)
+        else:
+            with own.lock:
+                if not query.peek:
+                    own.state.check_ceiling(policy, now)
+                self._migrate_due(own)
+                hits.extend(self._rank(own, query, query_vector, window, mine=True))
         for name in query.channels:
             other = self._reg.find(name)
             if other is not None:
@@ -201,7 +236,7 @@ class MemoryEngine:
                     hits.extend(self._rank(other, query, query_vector, window, mine=False))
         hits.sort(key=lambda h: (-h.score, h.record.id))
         hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
-        if not query.peek:
+        if not query.peek and own is not None:
             with own.lock:
                 self._recalled(own, [h for h in hits if h.record.channel == own.name])
         return RecallResult(hits, window)
@@ -323,81 +358,145 @@ class MemoryEngine:
         """The memories linked to one memory."""
         return self._reg.neighbours(channel, memory_id)
 
-    def log(self, *events: EventRecord) -> None:
-        """Append events that change no memory (notifications, webhook outcomes)."""
+    def log(self, *events: EventRecord, extra: BatchWrites | None = None) -> None:
+        """Append events that change no memory (notifications, webhook outcomes).
+
+        ``extra`` adds the caller's own writes (a trigger's cursor and bookkeeping) to
+        the same atomic batch, so both are durable or neither is.
+        """
         with self._store.batch() as batch:
             for event in events:
                 batch.append_event(event)
+            if extra is not None:
+                extra(batch)
 
     # --- changes ---------------------------------------------------------------
 
     def _change(
         self,
         channel: str,
-        memory_id: str,
+        memory_ids: Sequence[str],
         edit: _Edit,
         event: str = "",
         cause: Cause | None = None,
-    ) -> MemoryRecord:
-        live = self._reg.existing(channel, memory_id)
+        extra: BatchWrites | None = None,
+    ) -> list[MemoryRecord]:
+        """Apply ``edit`` to each memory (one channel), in one batch with ``extra``."""
+        if not memory_ids:
+            self.log(extra=extra)
+            return []
+        live = self._reg.existing(channel, memory_ids[0])
         policy = self._reg.policy(channel)
         with live.lock:
             clocks = self._reg.clocks(live)
-            current = self._get(live, memory_id)
-            if current.state == DELETED:
-                raise NotFoundError(f"memory {memory_id} was forgotten")
-            changed = evolve(replace(current), policy, clocks)
-            edit(changed, policy, clocks)
-            refresh_utility(changed, clocks.now)
+            changes: list[MemoryRecord] = []
+            for memory_id in dict.fromkeys(memory_ids):
+                current = self._get(live, memory_id)
+                if current.state == DELETED:
+                    raise NotFoundError(f"memory {memory_id} was forgotten")
+                changed = evolve(replace(current), policy, clocks)
+                edit(changed, policy, clocks)
+                refresh_utility(changed, clocks.now)
+                changes.append(changed)
             with self._store.batch() as batch:
-                batch.put_record(changed)
-                if event:
-                    heat = current_heat(changed, policy, clocks)
-                    batch.append_event(memory_event(event, changed, clocks.now, heat, cause=cause))
-            live.replace(changed, policy, clocks, self._store)
-            return replace(changed)
+                for changed in changes:
+                    batch.put_record(changed)
+                    if event:
+                        heat = current_heat(changed, policy, clocks)
+                        batch.append_event(
+                            memory_event(event, changed, clocks.now, heat, cause=cause)
+                        )
+                if extra is not None:
+                    extra(batch)
+            for changed in changes:
+                live.replace(changed, policy, clocks, self._store)
+            return [replace(changed) for changed in changes]
+
+    # A trigger's action passes ``cause`` and, as ``extra``, its cursor and bookkeeping
+    # writes: they join the action's own batch, so after a crash the action is either
+    # done and accounted for or not done at all.
 
     def keystone(
-        self, channel: str, memory_id: str, on: bool, cause: Cause | None = None
+        self,
+        channel: str,
+        memory_id: str,
+        on: bool,
+        cause: Cause | None = None,
+        extra: BatchWrites | None = None,
     ) -> MemoryRecord:
         """Pin (keystone) or unpin a memory; a trigger's pin is logged as a ``pin`` event."""
-        return self._change(
+        [changed] = self._change(
             channel,
-            memory_id,
+            [memory_id],
             lambda r, p, c: apply_keystone(r, p, c, on),
             "pin" if cause is not None else "",
             cause,
+            extra,
         )
+        return changed
 
     def boost(
-        self, channel: str, memory_id: str, delta: float, cause: Cause | None = None
+        self,
+        channel: str,
+        memory_id: str,
+        delta: float,
+        cause: Cause | None = None,
+        extra: BatchWrites | None = None,
     ) -> MemoryRecord:
         """Add heat to a memory; 0 means the channel's ``boost_delta``."""
+        [changed] = self.boost_all(channel, [memory_id], delta, cause, extra)
+        return changed
+
+    def boost_all(
+        self,
+        channel: str,
+        memory_ids: Sequence[str],
+        delta: float,
+        cause: Cause | None = None,
+        extra: BatchWrites | None = None,
+    ) -> list[MemoryRecord]:
+        """Add heat to several memories of a channel in one batch (a trigger's boost of
+        a memory's neighbours); none is boosted if one cannot be."""
         return self._change(
             channel,
-            memory_id,
+            memory_ids,
             lambda r, p, c: apply_boost(r, p, c, delta or p.boost_delta),
             "on_boost",
             cause,
+            extra,
         )
 
     def tag(
-        self, channel: str, memory_id: str, tags: dict[str, str], cause: Cause | None = None
+        self,
+        channel: str,
+        memory_id: str,
+        tags: dict[str, str],
+        cause: Cause | None = None,
+        extra: BatchWrites | None = None,
     ) -> MemoryRecord:
         """Add tags to a memory (a trigger's ``tag`` action)."""
 
         def add(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
             record.tags = {**record.tags, **tags}
 
-        return self._change(channel, memory_id, add, "tag" if cause is not None else "", cause)
+        kind = "tag" if cause is not None else ""
+        [changed] = self._change(channel, [memory_id], add, kind, cause, extra)
+        return changed
 
-    def deprecate(self, channel: str, memory_id: str, cause: Cause | None = None) -> MemoryRecord:
+    def deprecate(
+        self,
+        channel: str,
+        memory_id: str,
+        cause: Cause | None = None,
+        extra: BatchWrites | None = None,
+    ) -> MemoryRecord:
         """Mark a memory superseded (a trigger's ``deprecate`` action)."""
 
         def mark(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
             record.tags = {**record.tags, "deprecated": "true"}
 
-        return self._change(channel, memory_id, mark, "deprecate", cause)
+        [changed] = self._change(channel, [memory_id], mark, "deprecate", cause, extra)
+        return changed
 
     def connect(self, channel: str, from_id: str, to_id: str, weight: float) -> Edge:
         """Link two memories of a channel by hand (a ``manual`` edge)."""
@@ -462,6 +561,8 @@ class MemoryEngine:
                 if record is None or record.state == DELETED:
                     continue
                 gone.append(replace(record, state=DELETED, text="", updated_at=now))
+            if not gone:
+                return 0  # nothing to forget: write nothing
             settled = [pair for record in gone for pair in live.conflicts_of(record.id)]
             with self._store.batch() as batch:
                 for record in gone:
@@ -480,14 +581,25 @@ class MemoryEngine:
     # --- dreams ----------------------------------------------------------------
 
     def dream(self, channel: str, cold_only: bool = False) -> DreamReport:
-        """Consolidate a channel now (one dream per channel at a time)."""
-        live = self._reg.channel(channel)
+        """Consolidate a channel now (one dream per channel at a time).
+
+        A channel never written to has nothing to consolidate: its report is all
+        zeros, and nothing is written (no channel record, no dream event).
+        """
+        live = self._reg.find(channel)
+        if live is None:
+            return DreamReport()
         with live.dream_lock:
             return self._dreamer.dream(live, cold_only)
 
     def offer(self, channel: str, entropy: int) -> tuple[int, DreamReport | None]:
-        """Add offered bytes to the channel's entropy; dream when it crosses the threshold."""
-        live = self._reg.channel(channel)
+        """Add offered bytes to the channel's entropy; dream when it crosses the threshold.
+
+        Offering nothing to a channel never written to leaves it unwritten (accumulated 0).
+        """
+        live = self._reg.channel(channel) if entropy else self._reg.find(channel)
+        if live is None:
+            return 0, None
         accumulated, crossed = self._dreamer.add_entropy(live, self._reg.policy(channel), entropy)
         return accumulated, self.dream(channel) if crossed else None
 

@@ -8,6 +8,7 @@
     ├── ResourceExhaustedError    RESOURCE_EXHAUSTED a gate or overload; may carry a retry delay
     ├── FailedPreconditionError   FAILED_PRECONDITION the request does not fit the current state
     │   └── StoreMismatchError                       the data dir was made by another model/schema
+    ├── OutOfRangeError           OUT_OF_RANGE       a position past the end (or before the start)
     ├── UnavailableError          UNAVAILABLE        the server is starting or stopping
     │   └── ModelUnavailableError                    the embedding model is missing or corrupt
     └── UnimplementedError        UNIMPLEMENTED      declared in the API, not built yet
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidArgumentError",
     "ModelUnavailableError",
     "NotFoundError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "StoreMismatchError",
@@ -83,6 +85,18 @@ class FailedPreconditionError(CalorError):
     """The request does not fit the current state of the data."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class OutOfRangeError(CalorError):
+    """A position outside what the data holds: a resume point past the end of the event
+    log, or before what it retains. ``trailing`` names the bounds as trailing metadata,
+    so a client can act on them without parsing the message."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+    def __init__(self, message: str, trailing: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.trailing = trailing
 
 
 class StoreMismatchError(FailedPreconditionError):

@@ -60,11 +60,13 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class Cause:
-    """Why a change happened when a trigger made it: the trigger, and the chain of
-    triggers that led to it (for depth limits and cycle detection)."""
+    """Why a change happened when a trigger made it: the trigger, the chain of
+    triggers that led to it (for depth limits and cycle detection), and the
+    sequence number of the logged event that set it off (0 for a decay crossing)."""
 
     trigger_id: str
     chain: tuple[str, ...] = ()
+    seq: int = 0
 
     @property
     def depth(self) -> int:
@@ -73,7 +75,7 @@ class Cause:
 
     def payload(self) -> dict[str, str]:
         """The event payload fields that carry the cause."""
-        return {"chain": ",".join(self.chain), "depth": str(self.depth)}
+        return {"chain": ",".join(self.chain), "depth": str(self.depth), "cause_seq": str(self.seq)}
 
     @classmethod
     def of(cls, event: EventRecord) -> tuple[str, ...]:

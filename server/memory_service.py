@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -20,6 +19,7 @@ from calor.server.convert import (
     status_message,
     window_message,
 )
+from calor.server.embedding import BatchEmbedding
 from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
 from calor.server.markdown import MarkdownReader, render_header, render_memory, to_new_memory
 from calor.server.records import MemoryRecord
@@ -83,9 +83,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     ) -> tuple[list[NewMemory], np.ndarray]:
         limits = self._rt.config.limits
         items: list[NewMemory] = []
-        pending: list[asyncio.Task[np.ndarray]] = []
-        chunk: list[NewMemory] = []
-        embeddings = self._rt.embeddings
+        batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch)
         try:
             async for request in requests:
                 if len(items) >= limits.max_stream_items:
@@ -97,21 +95,12 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
                 except InvalidArgumentError as error:
                     raise InvalidArgumentError(f"item {len(items)}: {error.message}") from None
                 items.append(item)
-                chunk.append(item)
-                if len(chunk) == limits.max_stream_batch:
-                    pending.append(
-                        asyncio.ensure_future(embeddings.passages([i.text for i in chunk]))
-                    )
-                    chunk = []
-            if chunk:
-                pending.append(asyncio.ensure_future(embeddings.passages([i.text for i in chunk])))
-            parts = [await task for task in pending]
+                batch.add([item.text])
+            if not items:
+                raise InvalidArgumentError("StoreStream: the stream held no items")
+            return items, await batch.vectors()
         finally:
-            for task in pending:
-                task.cancel()
-        if not items:
-            raise InvalidArgumentError("StoreStream: the stream held no items")
-        return items, np.concatenate(parts)
+            batch.cancel()
 
     @rpc_errors
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
@@ -318,16 +307,22 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     ) -> pb.ImportResponse:
         """Markdown (an export, or a plain list of notes) in as memories, all or nothing:
         parsed and embedded as it arrives, stored together in one batch."""
+        batch = BatchEmbedding(self._rt.embeddings, self._rt.config.limits.max_stream_batch)
         try:
-            items = await self._read_import(request_iterator)
-            vectors = await self._rt.embeddings.passages([i.text for i in items])
+            items = await self._read_import(request_iterator, batch)
+            vectors = await batch.vectors()
             stored = await self._rt.run(self._rt.engine.store, items, vectors)
         except CalorError as error:
             await abort_with(context, error)
             raise  # unreachable: abort raises
+        finally:
+            batch.cancel()
         return pb.ImportResponse(ids=[s.record.id for s in stored])
 
-    async def _read_import(self, requests: AsyncIterator[pb.ImportRequest]) -> list[NewMemory]:
+    async def _read_import(
+        self, requests: AsyncIterator[pb.ImportRequest], batch: BatchEmbedding
+    ) -> list[NewMemory]:
+        """The import's memories; each is handed to ``batch`` to embed as it is read."""
         validator = self._rt.validator
         reader = MarkdownReader()
         channel = ""
@@ -339,13 +334,17 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
                 channel = validator.channel(request.channel)
             if not channel:
                 raise InvalidArgumentError("channel: the first message must name the channel")
-            items.extend(
+            read = [
                 validator.imported(to_new_memory(p, channel), p.line)
                 for p in reader.feed(request.markdown)
-            )
+            ]
+            items.extend(read)
             if len(items) > self._rt.config.limits.max_stream_items:
                 raise InvalidArgumentError("Import: too many memories in one import")
-        items.extend(validator.imported(to_new_memory(p, channel), p.line) for p in reader.finish())
+            batch.add([item.text for item in read])
+        read = [validator.imported(to_new_memory(p, channel), p.line) for p in reader.finish()]
+        items.extend(read)
+        batch.add([item.text for item in read])
         if not items:
             raise InvalidArgumentError("Import: the Markdown held no memories")
         return items

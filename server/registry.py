@@ -38,6 +38,7 @@ class ChannelRegistry:
         """Load policies, channel states, records, edges and embeddings from the store."""
         for name, data in self._store.policies():
             self._policies[name] = ChannelPolicy.from_json(data)
+            self.channel(name)  # a channel with only its settings exists too
         for name, data in self._store.channel_states():
             self.channel(name).state = ChannelState.from_json(data)
         for record in self._store.records():
@@ -48,17 +49,25 @@ class ChannelRegistry:
             name, a, b = (part.decode() for part in key[2:].split(b"\x00"))
             self.channel(name).conflicts[(a, b)] = reason.decode()
         pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
+        orphans: list[tuple[str, str]] = []
         for name, memory_id, vector in self._store.vectors():
             owner = self._channels.get(name)
             known = owner.records.get(memory_id) if owner is not None else None
             if known is not None:
                 pending.setdefault(name, []).append((known, vector))
+            else:
+                orphans.append((name, memory_id))
+        if orphans:  # written ahead by a bulk store whose records never were
+            with self._store.batch() as batch:
+                for name, memory_id in orphans:
+                    batch.delete_vector(name, memory_id)
         for name, entries in pending.items():
             channel = self._channels[name]
             channel.index_all(entries, self.policy(name), self.clocks(channel))
 
     def channel(self, name: str) -> Channel:
-        """A channel's view, made empty if it does not exist yet."""
+        """A channel's view, made empty if it does not exist yet: for writes only, which
+        then make it durable. Reads use :meth:`find`, so a read never creates a channel."""
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:

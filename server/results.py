@@ -15,11 +15,13 @@ __all__ = ["ChannelStatus", "Prepared", "RecallResult", "Stored"]
 
 @dataclass(frozen=True)
 class Prepared:
-    """A channel's part of a store batch: new records, its next state, confirmed elders."""
+    """A channel's part of a store batch: new records, its next state, confirmed elders,
+    and the moment it was made."""
 
     ingested: list[Ingested]
     state: ChannelState
     confirmed: list[MemoryRecord]
+    at: float
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Key schema (raw bytes; channel names never hold NUL):
     c:<channel>                 the channel's own state JSON (heat, interactions, entropy)
     e:<channel>\\0<a>\\0<b>\\0<kind>  edge weight (a < b; edges are undirected)
     l:<seq, 8 bytes big-endian>  EventRecord JSON: the event log, numbered at commit
-    t:, h:, d:, s:              the trigger engine's records (see calor.triggers)
+    t:, h:, d:, s:, o:          the trigger engine's records (see calor.triggers)
 
 Every change goes through :meth:`MemoryStore.batch`, one atomic RocksDB write batch
 that is discarded if anything inside the block raises. With ``sync`` on, the
@@ -33,7 +33,7 @@ from calor.server.errors import StoreMismatchError, UnavailableError
 from calor.server.events import EventRecord
 from calor.server.records import MemoryRecord
 
-__all__ = ["SCHEMA_VERSION", "MemoryStore", "WriteBatch", "event_key"]
+__all__ = ["SCHEMA_VERSION", "BatchWrites", "MemoryStore", "WriteBatch", "event_key"]
 
 SCHEMA_VERSION = 1
 _META = b"meta:schema"
@@ -105,6 +105,10 @@ class WriteBatch:
     def put_idempotency(self, channel: str, key: str, memory_id: str) -> None:
         """Remember which memory a store with this idempotency key made."""
         self._batch.put(_key(b"i:", channel, key), memory_id.encode())
+
+
+# Writes a caller adds to another component's batch (a trigger's cursor beside its action).
+BatchWrites = Callable[[WriteBatch], None]
 
 
 class MemoryStore:
@@ -250,6 +254,20 @@ class MemoryStore:
     def scan_raw(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every key under a prefix owned by another component, in key order."""
         return self._scan(prefix)
+
+    def last_key_raw(self, prefix: bytes) -> bytes | None:
+        """The greatest key under a prefix owned by another component, or None."""
+        self._check_open()
+        head = prefix.rstrip(b"\xff")
+        if not head:
+            raise ValueError("the prefix must not be empty or all 0xff")
+        end = head[:-1] + bytes([head[-1] + 1])  # the least key past every key under it
+        for key, _ in self._db.items(backwards=True, from_key=end):
+            raw_key = cast(bytes, key)
+            if raw_key >= end:
+                continue
+            return raw_key if raw_key.startswith(prefix) else None
+        return None
 
     def _scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         self._check_open()

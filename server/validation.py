@@ -9,7 +9,8 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Iterable, Mapping
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -24,6 +25,7 @@ __all__ = [
     "Validator",
     "decode_page_token",
     "encode_page_token",
+    "says_nothing",
 ]
 
 _CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]*$")
@@ -39,22 +41,73 @@ def _enum_name(enum: object, value: int, field: str, prefix: str) -> str:
     return name.removeprefix(prefix).lower()
 
 
-def encode_page_token(last_id: str) -> str:
-    """An opaque token that resumes a listing after ``last_id``."""
-    return base64.urlsafe_b64encode(last_id.encode()).decode()
+def encode_page_token(position: str) -> str:
+    """An opaque token that resumes a listing after ``position`` (a memory id, say)."""
+    return base64.urlsafe_b64encode(position.encode()).decode()
 
 
-def decode_page_token(token: str) -> str:
-    """The id a page token resumes after; INVALID_ARGUMENT if it is not one of ours."""
+def decode_page_token(
+    token: str, field: str = "page_token", valid: Callable[[str], bool] = is_valid_id
+) -> str:
+    """The position a page token resumes after ('' for no token).
+
+    Only a token exactly as :func:`encode_page_token` made it, of a position that
+    ``valid`` accepts (by default a memory id), is one this server issued; anything
+    else (stray characters, other padding, text where a number belongs) is refused
+    rather than read as some other page.
+
+    Raises:
+        InvalidArgumentError: The token is not one this server issued.
+    """
     if not token:
         return ""
+    refused = InvalidArgumentError(
+        f"{field}: not a token this server issued; pass next_page_token back unchanged, "
+        "or leave it empty for the first page"
+    )
     try:
-        last_id = base64.urlsafe_b64decode(token.encode()).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgumentError("page_token: not a token this server issued") from None
-    if not is_valid_id(last_id):
-        raise InvalidArgumentError("page_token: not a token this server issued")
-    return last_id
+        position = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        raise refused from None
+    if not position or encode_page_token(position) != token or not valid(position):
+        raise refused
+    return position
+
+
+# Characters that show nothing: controls (NUL…), format characters (zero-width spaces and
+# joiners, bidi marks, the BOM), separators, and the other default-ignorable code points
+# (Hangul fillers, variation selectors, tag characters), plus the blank Braille cell.
+_SILENT_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+_SILENT_RANGES = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+
+
+def _silent(char: str) -> bool:
+    if unicodedata.category(char) in _SILENT_CATEGORIES:
+        return True
+    point = ord(char)
+    return any(low <= point <= high for low, high in _SILENT_RANGES)
+
+
+def says_nothing(text: str) -> bool:
+    """Whether a text shows nothing at all: empty, or only whitespace, control characters
+    (NUL) and invisible ones (zero-width spaces, the BOM, fillers).
+
+    Such a text has no meaning to embed or recall, so it is refused as empty text is.
+    """
+    return all(_silent(char) for char in text)
 
 
 class Validator:
@@ -84,13 +137,15 @@ class Validator:
         return value
 
     def text(self, value: str, field: str = "text") -> str:
-        """Non-blank text of at most ``max_text_bytes`` UTF-8 bytes."""
-        if not value.strip():
-            raise InvalidArgumentError(f"{field}: must not be empty")
+        """Text that shows something, of at most ``max_text_bytes`` UTF-8 bytes."""
         size = len(value.encode())
-        if size > self.limits.max_text_bytes:
+        if size > self.limits.max_text_bytes:  # first, so the scan below stays short
             raise InvalidArgumentError(
                 f"{field}: {size} bytes is over the limit of {self.limits.max_text_bytes}"
+            )
+        if says_nothing(value):
+            raise InvalidArgumentError(
+                f"{field}: must not be empty, blank or only invisible characters (NUL, zero-width)"
             )
         return value
 
@@ -134,8 +189,8 @@ class Validator:
                 f"{field}: {len(values)} entries is over the limit of {self.limits.max_tags}"
             )
         for key, value in values.items():
-            if not key.strip():
-                raise InvalidArgumentError(f"{field}: keys must not be empty")
+            if says_nothing(key):
+                raise InvalidArgumentError(f"{field}: keys must not be empty or invisible")
             if max(len(key.encode()), len(value.encode())) > self.limits.max_tag_bytes:
                 raise InvalidArgumentError(
                     f"{field}: {key[:40]!r} is over {self.limits.max_tag_bytes} bytes"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from calor.server.store import MemoryStore, WriteBatch
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
@@ -50,3 +52,25 @@ def total(stub: MemoryServiceStub, channel: str) -> int:
 def texts(response: pb.RecallResponse) -> list[str]:
     """The texts of the hits, best first."""
     return [hit.memory.text for hit in response.hits]
+
+
+class CrashAfter:
+    """Wraps a store so that after ``budget`` commits every batch fails: the process died
+    there, and nothing it did afterwards reached the disk."""
+
+    def __init__(self, store: MemoryStore, budget: int) -> None:
+        self._store = store
+        self.budget = budget
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    @contextmanager
+    def batch(self) -> Iterator[WriteBatch]:
+        if self.budget <= 0:
+            self.refused += 1
+            raise OSError("injected crash")
+        self.budget -= 1
+        with self._store.batch() as batch:
+            yield batch

@@ -26,12 +26,14 @@ from calor.client import (
 def test_public_surface_is_pinned_and_sorted() -> None:
     assert calor.client.__all__ == [
         "AsyncCalorClient",
+        "Backoff",
         "CalorClient",
         "CalorClientError",
         "DeadlineExceededError",
         "EventStream",
         "InvalidArgumentError",
         "NotFoundError",
+        "OutOfRangeError",
         "PermissionDeniedError",
         "ResourceExhaustedError",
         "ServerError",

@@ -397,12 +397,13 @@ def test_subscribe_resumes_after_resource_exhausted_without_loss_or_repeat() -> 
     assert events.closed
 
 
-@pytest.mark.usefixtures("no_waiting")
-def test_subscribe_gives_up_after_ten_unavailable_in_a_row() -> None:
+def test_subscribe_gives_up_after_its_attempt_limit_in_a_row() -> None:
     down = FakeRpcError(UNAVAILABLE, "connection refused")
     stub = FakeTriggerStub([([7], down), *[((), down)] * 10])
     with _fake_client(stub) as client:
-        events = client.subscribe(after_seq=6)
+        events = client.subscribe(
+            after_seq=6, backoff=Backoff(initial=0.0, maximum=0.0, attempts=10)
+        )
         assert next(events).seq == 7
         with pytest.raises(UnavailableError, match="connection refused"):
             next(events)
@@ -425,7 +426,7 @@ def test_a_stream_that_stayed_open_a_while_resets_the_count(
 ) -> None:
     now = [1000.0]
     monkeypatch.setattr(_subscription, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    resumer = _subscription.Resumer(tpb.SubscribeRequest(), backoff=Backoff(attempts=2))
+    resumer = _subscription.Resumer(tpb.SubscribeRequest(), backoff=Backoff(attempts=2, jitter=0.0))
     down = FakeRpcError(UNAVAILABLE, "restarting")
 
     def fail(after: float) -> float | None:
@@ -451,9 +452,9 @@ def test_subscribe_without_resume_raises_and_other_codes_are_not_resumed() -> No
             list(client.subscribe())
 
 
-def test_backoff_doubles_from_a_fifth_of_a_second_up_to_five() -> None:
-    delays = [Backoff().delay(n) for n in range(1, 9)]
-    assert delays == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+def test_backoff_doubles_from_a_fifth_of_a_second_up_to_ten_before_jitter() -> None:
+    delays = [Backoff().delay(n, draw=lambda: 0.0) for n in range(1, 9)]
+    assert delays == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
 
 
 def test_close_from_another_thread_cancels_a_blocked_call() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -15,14 +13,14 @@ from calor.server.clock import ManualClock, SystemClock
 from calor.server.commands import NewMemory
 from calor.server.engine import MemoryEngine
 from calor.server.policy import ChannelPolicy
-from calor.server.store import MemoryStore, WriteBatch
+from calor.server.store import MemoryStore
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2 as spb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import DAY, store, texts
+from tests.helpers import DAY, CrashAfter, store, texts
 
 ManualServer = tuple[ServerThread, ManualClock, MemoryServiceStub]
 MERGED = memory_pb2.MEMORY_STATE_MERGED
@@ -182,26 +180,6 @@ def test_dreams_promote_working_memory_and_cool_the_channel(
     ) == ["Scratch: the build number is 4411."]
 
 
-class _FailingAfter:
-    """Wraps a store so that its batches start failing after ``budget`` commits (a crash
-    in the middle of a dream, at the storage seam)."""
-
-    def __init__(self, store: MemoryStore, budget: int) -> None:
-        self._store = store
-        self.budget = budget
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._store, name)
-
-    @contextmanager
-    def batch(self) -> Iterator[WriteBatch]:
-        if self.budget <= 0:
-            raise OSError("injected crash")
-        self.budget -= 1
-        with self._store.batch() as batch:
-            yield batch
-
-
 @pytest.mark.parametrize("budget", [0, 1, 2])
 def test_a_dream_cut_short_leaves_the_channel_consistent_and_the_next_finishes(
     embedder: OnnxEmbedder, tmp_path: Path, budget: int
@@ -218,7 +196,7 @@ def test_a_dream_cut_short_leaves_the_channel_consistent_and_the_next_finishes(
     ]
     items = [NewMemory(channel="d", text=t, memory_type="fact") for g in groups for t in g]
     engine.store(items, embedder.embed_passages([i.text for i in items]))
-    engine._store = _FailingAfter(store_, budget=budget)  # type: ignore[assignment]
+    engine._store = CrashAfter(store_, budget=budget)  # type: ignore[assignment]
     engine._dreamer._store = engine._store  # type: ignore[assignment]
     with pytest.raises(OSError):
         engine.dream("d")

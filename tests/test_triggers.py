@@ -11,6 +11,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
@@ -249,7 +250,7 @@ def hook_server() -> Iterator[str]:
 def test_webhooks_reach_only_allowed_hosts_and_are_signed(
     start_server: Callable[..., ServerThread], hook_server: str
 ) -> None:
-    server = start_server(webhook_allow=("127.0.0.1",))
+    server = start_server(webhook_allow=(urlsplit(hook_server).netloc,))
     with grpc.insecure_channel(server.target) as channel:
         stub, hooks = MemoryServiceStub(channel), TriggerServiceStub(channel)
         allowed = create(
@@ -280,6 +281,8 @@ def test_webhooks_reach_only_allowed_hosts_and_are_signed(
     [(headers, body)] = _Hook.received
     assert verify_signature(body, "s3cret", headers["X-Calor-Signature"])
     assert json.loads(body)["memory"]["id"] == memory.id
+    key = f"{allowed.id}:{json.loads(body)['event_seq']}"
+    assert headers["Idempotency-Key"] == json.loads(body)["idempotency_key"] == key
 
 
 def _read_until_error(call: Iterator[tpb.SubscribeResponse]) -> tuple[list[int], grpc.RpcError]:

@@ -8,17 +8,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 
 from calor.triggers.webhook import (
+    IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     USER_AGENT,
     WebhookOutcome,
     WebhookPolicy,
+    parse_allow_entry,
     send_webhook,
     verify_signature,
 )
@@ -88,12 +91,17 @@ def serve() -> Iterator[Callable[[Callable[[int], int | None]], Receiver]]:
 
 
 POLICY = WebhookPolicy(
-    allowed_hosts=frozenset({"127.0.0.1"}), timeout_seconds=2.0, retries=3, backoff_seconds=0.01
+    allowed_hosts=frozenset(), timeout_seconds=2.0, retries=3, backoff_seconds=0.01
 )
 
 
+def allowing(url: str, policy: WebhookPolicy = POLICY) -> WebhookPolicy:
+    """``policy`` with exactly the host and port of ``url`` on its allow-list."""
+    return replace(policy, allowed_hosts=frozenset({urlsplit(url).netloc}))
+
+
 def send(url: str, **options: object) -> WebhookOutcome:
-    kwargs: dict[str, object] = {"secret": SECRET, "policy": POLICY, **options}
+    kwargs: dict[str, object] = {"secret": SECRET, "policy": allowing(url), **options}
     return asyncio.run(send_webhook(url, BODY, **kwargs))  # type: ignore[arg-type]
 
 
@@ -127,12 +135,13 @@ def test_a_host_off_the_allow_list_is_refused_without_a_request(
 ) -> None:
     receiver = serve(lambda n: 200)
     url = receiver.url.replace("127.0.0.1", "localhost")
-    outcome = send(url)
+    port = urlsplit(url).port
+    outcome = send(url, policy=allowing(receiver.url))
     assert outcome == WebhookOutcome(
         delivered=False,
         status=None,
         attempts=0,
-        error="host localhost is not on the webhook allow-list",
+        error=f"localhost:{port} is not on the webhook allow-list",
     )
     nothing_allowed = WebhookPolicy(allowed_hosts=frozenset())
     assert send(receiver.url, policy=nothing_allowed).attempts == 0
@@ -140,10 +149,10 @@ def test_a_host_off_the_allow_list_is_refused_without_a_request(
 
 
 def test_the_allow_list_ignores_case() -> None:
-    policy = WebhookPolicy(allowed_hosts=frozenset({"Hooks.Example.COM", "[::1]"}))
-    assert policy.allows("hooks.example.com")
-    assert policy.allows("::1")
-    assert not policy.allows("example.com")
+    policy = WebhookPolicy(allowed_hosts=frozenset({"Hooks.Example.COM:8443", "[::1]:8080"}))
+    assert policy.allows("hooks.example.com", 8443)
+    assert policy.allows("::1", 8080)
+    assert not policy.allows("example.com", 8443)
 
 
 def test_5xx_is_retried_until_delivered(serve: Callable[..., Receiver]) -> None:
@@ -201,12 +210,13 @@ def test_connection_refused_is_retried() -> None:
 
 
 def test_an_oversized_or_invalid_body_is_refused() -> None:
-    small = WebhookPolicy(allowed_hosts=frozenset({"127.0.0.1"}), max_body_bytes=10)
+    small = WebhookPolicy(allowed_hosts=frozenset({"127.0.0.1:9"}), max_body_bytes=10)
     outcome = asyncio.run(send_webhook("http://127.0.0.1:9/", BODY, secret="", policy=small))
     assert (outcome.attempts, outcome.delivered) == (0, False)
     assert "over the limit" in outcome.error
+    policy = allowing("http://127.0.0.1:9/")
     bad = asyncio.run(
-        send_webhook("http://127.0.0.1:9/", {"x": object()}, secret="", policy=POLICY)
+        send_webhook("http://127.0.0.1:9/", {"x": object()}, secret="", policy=policy)
     )
     assert bad.attempts == 0 and "JSON" in bad.error
 
@@ -216,7 +226,7 @@ def test_cancellation_propagates(serve: Callable[..., Receiver]) -> None:
 
     async def main() -> None:
         task = asyncio.create_task(
-            send_webhook(receiver.url, BODY, secret="", policy=POLICY, timeout=5.0)
+            send_webhook(receiver.url, BODY, secret="", policy=allowing(receiver.url), timeout=5.0)
         )
         while not receiver.requests:
             await asyncio.sleep(0.01)
@@ -234,3 +244,77 @@ def test_a_bad_policy_is_rejected() -> None:
         WebhookPolicy(allowed_hosts=frozenset(), timeout_seconds=0)
     with pytest.raises(ValueError):
         WebhookPolicy(allowed_hosts=frozenset(), retries=-1)
+
+
+def test_an_allow_list_entry_names_host_and_port_exactly() -> None:
+    policy = WebhookPolicy(allowed_hosts=frozenset({"127.0.0.1:8080", "[::1]:9000"}))
+    assert policy.allows("127.0.0.1", 8080)
+    assert not policy.allows("127.0.0.1", 8081)
+    assert not policy.allows("127.0.0.1", 80)
+    assert policy.allows("::1", 9000)
+    assert not policy.allows("::1", 443)
+
+
+def test_a_bare_host_allows_only_ports_80_and_443() -> None:
+    policy = WebhookPolicy(allowed_hosts=frozenset({"127.0.0.1", "[::1]"}))
+    assert policy.allows("127.0.0.1", 80) and policy.allows("127.0.0.1", 443)
+    assert policy.allows("::1", 80) and policy.allows("::1", 443)
+    assert not policy.allows("127.0.0.1", 8080)
+    assert not policy.allows("127.0.0.1", 22)
+
+
+def test_a_port_off_the_allow_list_is_refused_without_a_request(
+    serve: Callable[..., Receiver],
+) -> None:
+    receiver = serve(lambda n: 200)
+    port = urlsplit(receiver.url).port
+    bare = replace(POLICY, allowed_hosts=frozenset({"127.0.0.1"}))
+    other = replace(POLICY, allowed_hosts=frozenset({f"127.0.0.1:{port + 1}"}))
+    for policy in (bare, other):
+        outcome = send(receiver.url, policy=policy)
+        assert (outcome.delivered, outcome.attempts) == (False, 0)
+        assert outcome.error == f"127.0.0.1:{port} is not on the webhook allow-list"
+    assert receiver.requests == []
+    assert send(receiver.url).delivered  # its own host:port is allowed
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("hooks.example.com", ("hooks.example.com", (80, 443))),
+        ("Hooks.Example.com:8443", ("hooks.example.com", (8443,))),
+        ("[::1]:8080", ("::1", (8080,))),
+        ("[::1]", ("::1", (80, 443))),
+        ("::1", ("::1", (80, 443))),
+    ],
+)
+def test_allow_list_entries_parse(entry: str, expected: tuple[str, tuple[int, ...]]) -> None:
+    assert parse_allow_entry(entry) == expected
+
+
+@pytest.mark.parametrize(
+    "entry", ["", "host:", "host:0", "host:65536", "host:http", "[::1", "a:b:c"]
+)
+def test_a_bad_allow_list_entry_is_rejected(entry: str) -> None:
+    with pytest.raises(ValueError):
+        parse_allow_entry(entry)
+    with pytest.raises(ValueError):
+        WebhookPolicy(allowed_hosts=frozenset({entry}))
+
+
+def test_every_attempt_carries_the_idempotency_key(serve: Callable[..., Receiver]) -> None:
+    receiver = serve(lambda n: 500 if n == 1 else 200)
+    body = {**BODY, "idempotency_key": "trg_1:42"}
+    policy = allowing(receiver.url)
+    outcome = asyncio.run(
+        send_webhook(receiver.url, body, secret=SECRET, policy=policy, idempotency_key="trg_1:42")
+    )
+    assert (outcome.delivered, outcome.attempts) == (True, 2)
+    assert [seen.headers[IDEMPOTENCY_HEADER] for seen in receiver.requests] == ["trg_1:42"] * 2
+    for seen in receiver.requests:  # the key is in the signed body too
+        assert json.loads(seen.body)["idempotency_key"] == "trg_1:42"
+        assert verify_signature(seen.body, SECRET, seen.headers[SIGNATURE_HEADER])
+    with pytest.raises(ValueError):
+        asyncio.run(
+            send_webhook(receiver.url, body, secret="", policy=policy, idempotency_key="a b")
+        )

@@ -1,23 +1,38 @@
 """What a trigger does when it fires: each action a small function over the memory engine.
 
 Every action reports an outcome string for the trigger's history; a failing action
-is isolated (its error becomes the outcome) and never stops the others.
+is isolated (its error becomes the outcome) and never stops the others. An internal
+action commits its change together with the engine's bookkeeping (``ActionContext.writes``:
+the dispatcher's cursor, the fire count, the history entry) in one batch, so after a
+crash it has happened exactly once. A webhook is not sent here: :func:`webhook_delivery`
+says what to send, and the engine makes it durable before sending it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from calor.server.engine import MemoryEngine
 from calor.server.events import Cause, EventRecord
 from calor.server.records import MemoryRecord
+from calor.server.store import BatchWrites
+from calor.triggers.outbox import Delivery
 from calor.triggers.rules import TriggerRule
 from calor.triggers.templates import render_message
-from calor.triggers.webhook import WebhookPolicy, send_webhook
+from calor.triggers.webhook import WebhookOutcome
 
-__all__ = ["ActionContext", "describe", "run_action"]
+__all__ = [
+    "ActionContext",
+    "delivery_key",
+    "describe",
+    "outcome_event",
+    "outcome_summary",
+    "run_action",
+    "webhook_delivery",
+]
 
 Run = Callable[..., Awaitable[Any]]
 
@@ -26,7 +41,11 @@ DEFAULT_NOTIFY = "trigger {trigger_id} fired on {event} of memory {memory_id} (h
 
 @dataclass(frozen=True)
 class ActionContext:
-    """What an action acts on and with."""
+    """What an action acts on and with.
+
+    ``writes(outcome)`` are the engine's bookkeeping writes for this firing with that
+    outcome; the action adds them to the batch of its own change.
+    """
 
     rule: TriggerRule
     event: EventRecord
@@ -35,8 +54,8 @@ class ActionContext:
     cause: Cause
     memories: MemoryEngine
     run: Run
-    webhooks: WebhookPolicy
     now: float
+    writes: Callable[[str], BatchWrites]
 
 
 def _fields(ctx: ActionContext) -> dict[str, str]:
@@ -52,7 +71,7 @@ def _fields(ctx: ActionContext) -> dict[str, str]:
 
 
 def _log(ctx: ActionContext, kind: str, message: str, **extra: str) -> EventRecord:
-    payload = {**ctx.cause.payload(), "cause_seq": str(ctx.event.seq), **extra}
+    payload = {**ctx.cause.payload(), **extra}
     if ctx.event.payload.get("late"):
         payload["late"] = "true"
     return EventRecord(
@@ -69,8 +88,11 @@ def _log(ctx: ActionContext, kind: str, message: str, **extra: str) -> EventReco
 async def _notify(ctx: ActionContext) -> str:
     template = ctx.rule.config_value("message", DEFAULT_NOTIFY)
     message = render_message(template, _fields(ctx))
-    await ctx.run(ctx.memories.log, _log(ctx, "notify", message))
-    return "notified"
+    outcome = "notified"
+    await ctx.run(
+        partial(ctx.memories.log, _log(ctx, "notify", message), extra=ctx.writes(outcome))
+    )
+    return outcome
 
 
 async def _boost(ctx: ActionContext) -> str:
@@ -78,29 +100,80 @@ async def _boost(ctx: ActionContext) -> str:
     targets = [ctx.record.id]
     if ctx.rule.config_value("target", "memory") == "neighbours":
         targets = await ctx.run(ctx.memories.neighbours, ctx.record.channel, ctx.record.id)
-    for memory_id in targets:
-        await ctx.run(ctx.memories.boost, ctx.record.channel, memory_id, delta, ctx.cause)
-    return f"boosted {len(targets)}"
+    outcome = f"boosted {len(targets)}"
+    await ctx.run(
+        ctx.memories.boost_all,
+        ctx.record.channel,
+        targets,
+        delta,
+        ctx.cause,
+        ctx.writes(outcome),
+    )
+    return outcome
 
 
 async def _pin(ctx: ActionContext) -> str:
-    await ctx.run(ctx.memories.keystone, ctx.record.channel, ctx.record.id, True, ctx.cause)
-    return "pinned"
+    outcome = "pinned"
+    channel, memory_id = ctx.record.channel, ctx.record.id
+    await ctx.run(ctx.memories.keystone, channel, memory_id, True, ctx.cause, ctx.writes(outcome))
+    return outcome
 
 
 async def _tag(ctx: ActionContext) -> str:
     key, value = ctx.rule.config_value("key", ""), ctx.rule.config_value("value", "")
-    await ctx.run(ctx.memories.tag, ctx.record.channel, ctx.record.id, {key: value}, ctx.cause)
-    return f"tagged {key}={value}"
+    outcome = f"tagged {key}={value}"
+    await ctx.run(
+        ctx.memories.tag,
+        ctx.record.channel,
+        ctx.record.id,
+        {key: value},
+        ctx.cause,
+        ctx.writes(outcome),
+    )
+    return outcome
 
 
 async def _deprecate(ctx: ActionContext) -> str:
-    await ctx.run(ctx.memories.deprecate, ctx.record.channel, ctx.record.id, ctx.cause)
-    return "deprecated"
+    outcome = "deprecated"
+    channel, memory_id = ctx.record.channel, ctx.record.id
+    await ctx.run(ctx.memories.deprecate, channel, memory_id, ctx.cause, ctx.writes(outcome))
+    return outcome
 
 
-async def _webhook(ctx: ActionContext) -> str:
+_ACTIONS: dict[str, Callable[[ActionContext], Awaitable[str]]] = {
+    "notify": _notify,
+    "boost": _boost,
+    "pin": _pin,
+    "tag": _tag,
+    "deprecate": _deprecate,
+}
+
+
+async def run_action(ctx: ActionContext) -> str:
+    """Perform an internal action, its bookkeeping in the same batch (``chain`` and
+    ``webhook`` are the engine's: one fires another rule, the other goes through the
+    outbox)."""
+    return await _ACTIONS[ctx.rule.action](ctx)
+
+
+def delivery_key(ctx: ActionContext) -> str:
+    """The idempotency key of a webhook firing: ``<trigger id>:<cause seq>``.
+
+    A chained firing names its whole chain (``a>b:<cause seq>``), since two chains may
+    reach the same trigger from one event; a decay crossing, which has no sequence
+    number, names the memory and its heat trajectory instead.
+    """
+    path = ">".join(ctx.cause.chain)
+    if ctx.event.seq:
+        return f"{path}:{ctx.event.seq}"
+    return f"{path}:decay:{ctx.record.id}:{ctx.event.payload.get('t0', '')}"
+
+
+def webhook_delivery(ctx: ActionContext) -> Delivery:
+    """What a webhook firing will send, and log when it is done."""
+    key = delivery_key(ctx)
     body = {
+        "idempotency_key": key,
         "trigger_id": ctx.rule.id,
         "event": ctx.event.kind,
         "event_seq": ctx.event.seq,
@@ -116,45 +189,45 @@ async def _webhook(ctx: ActionContext) -> str:
     }
     timeout = ctx.rule.config_value("timeout_seconds", "")
     retries = ctx.rule.config_value("retries", "")
-    outcome = await send_webhook(
-        ctx.rule.config_value("url", ""),
-        body,
+    return Delivery(
+        key=key,
+        url=ctx.rule.config_value("url", ""),
+        body=body,
         secret=ctx.rule.config_value("secret", ""),
-        policy=ctx.webhooks,
         timeout=float(timeout) if timeout else None,
         retries=int(retries) if retries else None,
+        trigger_id=ctx.rule.id,
+        channel=ctx.record.channel,
+        memory_id=ctx.record.id,
+        cause_seq=ctx.event.seq,
+        at=ctx.now,
+        payload=_log(ctx, "webhook", "").payload,
     )
-    summary = (
-        f"delivered (HTTP {outcome.status}, {outcome.attempts} attempt(s))"
-        if outcome.delivered
-        else f"not delivered: {outcome.error}"
+
+
+def outcome_summary(outcome: WebhookOutcome) -> str:
+    """A webhook's outcome in words, for the trigger's history."""
+    if outcome.delivered:
+        return f"delivered (HTTP {outcome.status}, {outcome.attempts} attempt(s))"
+    return f"not delivered: {outcome.error}"
+
+
+def outcome_event(delivery: Delivery, outcome: WebhookOutcome, at: float) -> EventRecord:
+    """The ``webhook`` event that logs how a delivery ended."""
+    return EventRecord(
+        kind="webhook",
+        channel=delivery.channel,
+        at=at,
+        memory_id=delivery.memory_id,
+        trigger_id=delivery.trigger_id,
+        message=outcome_summary(outcome),
+        payload={
+            **delivery.payload,
+            "idempotency_key": delivery.key,
+            "delivered": str(outcome.delivered).lower(),
+            "attempts": str(outcome.attempts),
+        },
     )
-    await ctx.run(
-        ctx.memories.log,
-        _log(
-            ctx,
-            "webhook",
-            summary,
-            delivered=str(outcome.delivered).lower(),
-            attempts=str(outcome.attempts),
-        ),
-    )
-    return summary
-
-
-_ACTIONS: dict[str, Callable[[ActionContext], Awaitable[str]]] = {
-    "notify": _notify,
-    "boost": _boost,
-    "pin": _pin,
-    "tag": _tag,
-    "deprecate": _deprecate,
-    "webhook": _webhook,
-}
-
-
-async def run_action(ctx: ActionContext) -> str:
-    """Perform the rule's action (``chain`` is the engine's: it fires another rule)."""
-    return await _ACTIONS[ctx.rule.action](ctx)
 
 
 def describe(rule: TriggerRule) -> str:

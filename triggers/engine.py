@@ -5,26 +5,45 @@ back from RocksDB, so a crash between a change and its triggers loses nothing (t
 dispatcher's cursor is durable and it resumes after it). Rules fired by an event that
 a trigger itself caused carry the chain of triggers behind it: a rule never fires
 twice in one chain (cycle detection) and chains stop at ``MAX_CHAIN_DEPTH``.
+
+Internal actions happen exactly once: each commits its change in one batch with the
+cursor advance (the event being handled, and which of its rules are done) and the
+trigger's fire count and history, so after a crash either all of it is durable or none
+is. A chain logs a ``chain`` event that way, and its target fires when the dispatcher
+reads that event. Events that fire nothing move the cursor in batches (reading them
+again does nothing). Webhooks are at-least-once: the delivery is written to the outbox
+with the cursor advance, sent with an idempotency key, and dropped with its outcome;
+what a crash cut short is sent again at start, under the same key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from calor.server.clock import Clock
 from calor.server.engine import MemoryEngine
 from calor.server.errors import NotFoundError
 from calor.server.events import Cause, EventRecord
-from calor.server.store import MemoryStore
-from calor.triggers.actions import ActionContext, run_action
-from calor.triggers.registry import Firing, TriggerRegistry
+from calor.server.store import BatchWrites, MemoryStore, WriteBatch
+from calor.triggers.actions import (
+    ActionContext,
+    outcome_event,
+    outcome_summary,
+    run_action,
+    webhook_delivery,
+)
+from calor.triggers.outbox import Delivery, drop_delivery, pending_deliveries, put_delivery
+from calor.triggers.registry import Counter, Firing, TriggerRegistry
 from calor.triggers.rules import EVENTS, TriggerRule, matches
 from calor.triggers.scheduler import DecayScheduler
 from calor.triggers.subscriptions import SubscriptionHub
-from calor.triggers.webhook import WebhookPolicy
+from calor.triggers.webhook import WebhookOutcome, WebhookPolicy, send_webhook
 
 __all__ = ["MAX_CHAIN_DEPTH", "TriggerEngine"]
 
@@ -33,7 +52,68 @@ log = logging.getLogger("calor.triggers")
 MAX_CHAIN_DEPTH = 8
 _CURSOR = b"s:cursor"
 _HEAT_EVENTS = frozenset({"on_store", "on_recall", "on_boost", "pin"})
+_CARRIED = ("late", "t0")  # what a chained firing keeps of its cause's event payload
 Run = Callable[..., Awaitable[Any]]
+_Chain = tuple[str, ...]
+
+
+def _cursor_value(seq: int, done: Collection[str]) -> bytes:
+    """The durable cursor: every event up to ``seq`` is handled, and of the next one the
+    rules in ``done`` have fired."""
+    return json.dumps({"seq": seq, "done": sorted(done)}).encode()
+
+
+def _read_cursor(saved: bytes | None, default: int) -> tuple[int, frozenset[str]]:
+    if saved is None:
+        return default, frozenset()
+    if not saved.startswith(b"{"):  # written before partial progress was kept
+        return int(saved), frozenset()
+    data = json.loads(saved)
+    return int(data["seq"]), frozenset(data.get("done", ()))
+
+
+class _Bookkeeping:
+    """What one firing writes beside its action, in the action's batch: its fire count,
+    its history entry, its decay marker, and the dispatcher's cursor advance. The count
+    is applied in memory only once the batch is durable (:meth:`applied`)."""
+
+    def __init__(
+        self,
+        registry: TriggerRegistry,
+        firing: Firing,
+        position: int | None,
+        done: frozenset[str],
+        decay_t0: float | None,
+    ) -> None:
+        self._registry = registry
+        self._firing = firing
+        self._position = position
+        self._done = done
+        self._decay_t0 = decay_t0
+        self._counter: Counter | None = None
+
+    def writes(self, outcome: str | None) -> BatchWrites:
+        """The writes for this firing with ``outcome`` (None: no history entry yet)."""
+        firing = self._firing
+
+        def write(batch: WriteBatch) -> None:
+            self._counter = self._registry.put_count(batch, firing.trigger_id, firing.at)
+            if outcome is not None:
+                self._registry.put_history(batch, replace(firing, outcome=outcome))
+            if self._decay_t0 is not None:
+                self._registry.put_decay_fired(
+                    batch, firing.trigger_id, firing.memory_id, self._decay_t0
+                )
+            if self._position is not None:
+                done = self._done | {firing.trigger_id}
+                batch.put_raw(_CURSOR, _cursor_value(self._position - 1, done))
+
+        return write
+
+    def applied(self) -> None:
+        """The batch holding :meth:`writes` is durable: count the firing in memory."""
+        if self._counter is not None:
+            self._registry.apply_count(self._firing.trigger_id, self._counter)
 
 
 class TriggerEngine:
@@ -61,16 +141,21 @@ class TriggerEngine:
         self.hub = SubscriptionHub(lambda seq, n: run(store.events_after, seq, n), queue_size)
         self.scheduler = DecayScheduler(memories, self.registry, clock, run, self._fire_decay)
         self._wake = asyncio.Event()
-        self._cursor = 0
+        self._cursor = 0  # every event up to here is handled
+        self._done: frozenset[str] = frozenset()  # rules already fired for the next one
+        self._firing = asyncio.Lock()  # the dispatcher and the decay scheduler take turns
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[str]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Load rules, resume after the durable cursor, start dispatching and scheduling."""
+        """Load rules, resume after the durable cursor, send again the webhooks a crash
+        cut short, start dispatching and scheduling."""
         await self._run(self.registry.load)
         saved = await self._run(self._store.get_raw, _CURSOR)
-        self._cursor = int(saved) if saved is not None else self._store.last_seq
+        self._cursor, self._done = _read_cursor(saved, self._store.last_seq)
         self.hub.published_seq = self._cursor
+        for delivery in await self._run(pending_deliveries, self._store):
+            self._send(delivery)
         loop = asyncio.get_running_loop()
 
         def wake(_events: list[EventRecord]) -> None:
@@ -104,13 +189,15 @@ class TriggerEngine:
                     break
                 self.hub.publish(events)
                 for event in events:
+                    if event.seq != self._cursor + 1:
+                        self._done = frozenset()  # partial progress is only for the next one
                     await self._handle(event)
-                self._cursor = events[-1].seq
+                    self._cursor, self._done = event.seq, frozenset()
                 await self._run(self._save_cursor, self._cursor)
 
     def _save_cursor(self, seq: int) -> None:
         with self._store.batch() as batch:
-            batch.put_raw(_CURSOR, str(seq).encode())
+            batch.put_raw(_CURSOR, _cursor_value(seq, ()))
         self._trim(seq)
 
     def _trim(self, cursor: int) -> None:
@@ -134,18 +221,50 @@ class TriggerEngine:
             self._store.trim_events(keep_after)
 
     async def _handle(self, event: EventRecord) -> None:
-        try:
-            if event.kind in _HEAT_EVENTS and event.memory_id:
+        """Fire the rules ``event`` calls for that have not fired for it yet; each in
+        isolation, so one bad rule or event never stops the log."""
+        if event.kind in _HEAT_EVENTS and event.memory_id:
+            try:
                 await self.scheduler.touch(event)
-            if event.kind not in EVENTS or event.kind == "on_decay":
-                return  # decay rules fire from the scheduler, at their own thresholds
-            for rule in self.registry.rules(channel=event.channel, event=event.kind):
-                await self._consider(rule, event, Cause.of(event))
-        except Exception:  # one bad event must not stop the log
-            log.exception("trigger dispatch failed for event %d", event.seq)
+            except Exception:
+                log.exception("decay scheduling failed for event %d", event.seq)
+        for rule, cause_event, chain in self._fired_by(event):
+            if rule.id in self._done:
+                continue  # fired before a crash, in the batch that saved the cursor
+            try:
+                await self._consider(rule, cause_event, chain, position=event.seq)
+            except Exception:
+                log.exception("trigger %s failed for event %d", rule.id, event.seq)
+
+    def _fired_by(self, event: EventRecord) -> list[tuple[TriggerRule, EventRecord, _Chain]]:
+        """The rules a logged event may fire, each with the event it fires on and the
+        chain of triggers behind it. A ``chain`` event fires its target on the memory of
+        the original cause, whatever the target's own event filter says."""
+        if event.kind == "chain":
+            target = self.registry.get(event.payload.get("target", ""))
+            if target is None:
+                return []
+            cause = EventRecord(
+                kind=target.event,
+                channel=event.channel,
+                at=event.at,
+                memory_id=event.memory_id,
+                seq=int(event.payload.get("cause_seq", "0") or 0),
+                payload={k: v for k, v in event.payload.items() if k in _CARRIED},
+            )
+            return [(target, cause, Cause.of(event))]
+        if event.kind not in EVENTS or event.kind == "on_decay":
+            return []  # decay rules fire from the scheduler, at their own thresholds
+        chain = Cause.of(event)
+        rules = self.registry.rules(channel=event.channel, event=event.kind)
+        return [(rule, event, chain) for rule in rules]
 
     async def _fire_decay(self, rule: TriggerRule, memory_id: str, late: bool, t0: float) -> None:
-        payload = {"threshold": repr(rule.threshold), **({"late": "true"} if late else {})}
+        payload = {
+            "threshold": repr(rule.threshold),
+            "t0": repr(t0),
+            **({"late": "true"} if late else {}),
+        }
         event = EventRecord(
             kind="on_decay",
             channel=rule.channel,
@@ -153,7 +272,7 @@ class TriggerEngine:
             memory_id=memory_id,
             payload=payload,
         )
-        await self._consider(rule, event, (), decay_t0=t0)
+        await self._consider(rule, event, (), position=None, decay_t0=t0)
 
     # --- firing ------------------------------------------------------------------
 
@@ -162,98 +281,139 @@ class TriggerEngine:
         rule: TriggerRule,
         event: EventRecord,
         chain: tuple[str, ...],
+        position: int | None,
         decay_t0: float | None = None,
-    ) -> str | None:
-        """Fire ``rule`` for ``event`` if its filters, limits and the chain allow it."""
-        if rule.id in chain or len(chain) >= MAX_CHAIN_DEPTH:
-            return None
-        now = self._clock.now()
-        if not self.registry.can_fire(rule, now):
-            return None
-        try:
-            record, _ = await self._run(self._memories.inspect, event.channel, event.memory_id)
-        except NotFoundError:
-            return None
-        heat = self._memories.heat(record)
-        if not matches(
-            rule,
-            event=event.kind,
-            channel=event.channel,
-            memory_type=record.memory_type,
-            text=record.text,
-            heat=heat,
-        ):
-            return None
-        cause = Cause(rule.id, (*chain, rule.id))
-        ctx = ActionContext(
-            rule, event, record, heat, cause, self._memories, self._run, self._webhooks, now
-        )
-        if rule.action == "webhook":
-            task = asyncio.create_task(self._act(ctx, decay_t0))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            return "webhook scheduled"
-        return await self._act(ctx, decay_t0)
+    ) -> None:
+        """Fire ``rule`` for ``event`` if its filters, limits and the chain allow it.
 
-    async def _act(self, ctx: ActionContext, decay_t0: float | None) -> str:
+        ``position`` is the sequence number of the logged event being handled (None
+        for a decay crossing): the firing's batch moves the cursor there.
+        """
+        if rule.id in chain or len(chain) >= MAX_CHAIN_DEPTH:
+            return
+        async with self._firing:
+            now = self._clock.now()
+            if not self.registry.can_fire(rule, now):
+                return
+            try:
+                record, _ = await self._run(self._memories.inspect, event.channel, event.memory_id)
+            except NotFoundError:
+                return
+            heat = self._memories.heat(record)
+            if not matches(
+                rule,
+                event=event.kind,
+                channel=event.channel,
+                memory_type=record.memory_type,
+                text=record.text,
+                heat=heat,
+            ):
+                return
+            late = event.payload.get("late") == "true"
+            firing = Firing(rule.id, record.id, now, "", event.seq, late)
+            book = _Bookkeeping(self.registry, firing, position, self._done, decay_t0)
+            cause = Cause(rule.id, (*chain, rule.id), event.seq)
+            ctx = ActionContext(
+                rule, event, record, heat, cause, self._memories, self._run, now, book.writes
+            )
+            await self._act(ctx, book)
+            if position is not None:
+                self._done = self._done | {rule.id}
+
+    async def _act(self, ctx: ActionContext, book: _Bookkeeping) -> None:
         try:
             if ctx.rule.action == "chain":
-                outcome = await self._chain(ctx)
+                await self._chain(ctx)
+            elif ctx.rule.action == "webhook":
+                await self._queue_webhook(ctx, book)
             else:
-                outcome = await run_action(ctx)
+                await run_action(ctx)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # isolated: the outcome says what went wrong
             log.warning("trigger %s failed: %s", ctx.rule.id, error)
             outcome = f"error: {error}"
-        late = ctx.event.payload.get("late") == "true"
-        firing = Firing(ctx.rule.id, ctx.record.id, ctx.now, outcome, ctx.event.seq, late)
-        await self._run(self.registry.record, firing, decay_t0)
-        return outcome
+            await self._run(partial(self._memories.log, extra=book.writes(outcome)))
+        book.applied()
 
     async def _chain(self, ctx: ActionContext) -> str:
+        """Log a ``chain`` event naming the target; the target fires when it is read."""
         target = self.registry.get(ctx.rule.config_value("trigger_id", ""))
         if target is None:
-            return "chain target is gone"
-        await self._run(
-            self._memories.log,
-            EventRecord(
-                kind="chain",
-                channel=ctx.record.channel,
-                at=ctx.now,
-                memory_id=ctx.record.id,
-                trigger_id=ctx.rule.id,
-                message=f"chained to {target.id}",
-                payload={**ctx.cause.payload(), "target": target.id},
-            ),
-        )
+            outcome = "chain target is gone"
+            await self._run(partial(self._memories.log, extra=ctx.writes(outcome)))
+            return outcome
         if target.id in ctx.cause.chain or len(ctx.cause.chain) >= MAX_CHAIN_DEPTH:
-            return f"chain to {target.id} stopped (cycle or depth {MAX_CHAIN_DEPTH})"
+            outcome = f"chain to {target.id} stopped (cycle or depth {MAX_CHAIN_DEPTH})"
+        else:
+            outcome = f"chained to {target.id}"
+        carried = {k: v for k, v in ctx.event.payload.items() if k in _CARRIED}
         event = EventRecord(
-            kind=target.event,
-            channel=ctx.event.channel,
+            kind="chain",
+            channel=ctx.record.channel,
             at=ctx.now,
-            memory_id=ctx.event.memory_id,
-            seq=ctx.event.seq,
-            payload=ctx.event.payload,
+            memory_id=ctx.record.id,
+            trigger_id=ctx.rule.id,
+            message=f"chained to {target.id}",
+            payload={**carried, **ctx.cause.payload(), "target": target.id},
         )
-        # The target acts on the same memory, whatever its own event filter says.
-        chained = await self._consider_chained(target, event, ctx.cause.chain)
-        return f"chained to {target.id}: {chained or 'did not fire'}"
+        await self._run(partial(self._memories.log, event, extra=ctx.writes(outcome)))
+        return outcome
 
-    async def _consider_chained(
-        self, rule: TriggerRule, event: EventRecord, chain: tuple[str, ...]
-    ) -> str | None:
-        if rule.event != event.kind:
-            event = EventRecord(
-                kind=rule.event,
-                channel=event.channel,
-                at=event.at,
-                memory_id=event.memory_id,
-                seq=event.seq,
-                payload=event.payload,
+    # --- webhooks ----------------------------------------------------------------
+
+    async def _queue_webhook(self, ctx: ActionContext, book: _Bookkeeping) -> None:
+        """Make the delivery durable with the cursor advance and the fire count, then
+        send it in the background (its history entry is written with its outcome)."""
+        delivery = webhook_delivery(ctx)
+        bookkeeping = book.writes(None)
+
+        def writes(batch: WriteBatch) -> None:
+            bookkeeping(batch)
+            put_delivery(batch, delivery)
+
+        await self._run(partial(self._memories.log, extra=writes))
+        self._send(delivery)
+
+    def _send(self, delivery: Delivery) -> None:
+        task = asyncio.create_task(self._deliver(delivery), name=f"calor-webhook-{delivery.key}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        """Send one delivery; log its outcome and drop it from the outbox in one batch."""
+        try:
+            try:
+                outcome = await send_webhook(
+                    delivery.url,
+                    delivery.body,
+                    secret=delivery.secret,
+                    policy=self._webhooks,
+                    timeout=delivery.timeout,
+                    retries=delivery.retries,
+                    idempotency_key=delivery.key,
+                )
+            except ValueError as error:  # a delivery that can never be sent: give up
+                outcome = WebhookOutcome(delivered=False, status=None, attempts=0, error=str(error))
+            firing = Firing(
+                delivery.trigger_id,
+                delivery.memory_id,
+                delivery.at,
+                outcome_summary(outcome),
+                delivery.cause_seq,
+                delivery.late,
             )
-        return await self._consider(rule, event, chain)
+
+            def finish(batch: WriteBatch) -> None:
+                self.registry.put_history(batch, firing)
+                drop_delivery(batch, delivery.key)
+
+            event = outcome_event(delivery, outcome, self._clock.now())
+            await self._run(partial(self._memories.log, event, extra=finish))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # it stays in the outbox and is sent again at the next start
+            log.exception("webhook %s could not be finished", delivery.key)
 
     # --- dry run -----------------------------------------------------------------
 

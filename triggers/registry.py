@@ -7,6 +7,12 @@ Keys (raw bytes, beside the memory store's own):
     h:<trigger id>\\0<seq, 8 bytes>    Firing JSON (the trigger's history)
     d:<trigger id>\\0<memory id>       t0 of the heat trajectory whose decay already fired
     s:watermark                       time up to which decay crossings have been handled
+    s:cursor                          the dispatcher's place in the log (calor.triggers.engine)
+    o:<idempotency key>               a webhook delivery not yet finished (calor.triggers.outbox)
+
+A firing's counter, history and decay marker are written into the batch of the action
+itself (``put_count``, ``put_history``, ``put_decay_fired``), and the counter is applied
+in memory only once that batch is durable (``apply_count``).
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from calor.server.store import MemoryStore
+from calor.server.store import MemoryStore, WriteBatch
 from calor.triggers.rules import TriggerRule
 
-__all__ = ["Firing", "TriggerRegistry"]
+__all__ = ["Counter", "Firing", "TriggerRegistry"]
 
 _SEP = b"\x00"
 _WATERMARK = b"s:watermark"
@@ -37,8 +43,10 @@ class Firing:
     late: bool = False
 
 
-@dataclass
-class _Counter:
+@dataclass(frozen=True)
+class Counter:
+    """How often a trigger has fired, and when it last did (for limits and cooldowns)."""
+
     fires: int = 0
     last_fired_at: float = 0.0
 
@@ -49,7 +57,7 @@ class TriggerRegistry:
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
         self._rules: dict[str, TriggerRule] = {}
-        self._counters: dict[str, _Counter] = {}
+        self._counters: dict[str, Counter] = {}
         self._history_seq = 0
         self._lock = threading.Lock()
 
@@ -59,7 +67,13 @@ class TriggerRegistry:
             rule = TriggerRule.from_json(value)
             self._rules[rule.id] = rule
         for key, value in self._store.scan_raw(b"f:"):
-            self._counters[key[2:].decode()] = _Counter(**json.loads(value))
+            self._counters[key[2:].decode()] = Counter(**json.loads(value))
+        # History keys go on from the last one used, so that no firing after a restart
+        # overwrites one from before.
+        for trigger_id in self._rules:
+            last = self._store.last_key_raw(b"h:" + trigger_id.encode() + _SEP)
+            if last is not None:
+                self._history_seq = max(self._history_seq, int.from_bytes(last[-8:], "big"))
 
     def add(self, rule: TriggerRule) -> None:
         """Register a validated rule, durably."""
@@ -100,31 +114,41 @@ class TriggerRegistry:
 
     def can_fire(self, rule: TriggerRule, now: float) -> bool:
         """Whether ``max_fires`` and ``cooldown_seconds`` let the rule fire now."""
-        counter = self._counters.get(rule.id, _Counter())
+        counter = self._counters.get(rule.id, Counter())
         if rule.max_fires and counter.fires >= rule.max_fires:
             return False
         return not (counter.fires and now - counter.last_fired_at < rule.cooldown_seconds)
 
-    def record(self, firing: Firing, decay_t0: float | None = None) -> None:
-        """Count a firing and add it to the trigger's history (and mark a decay as fired)."""
+    def put_count(self, batch: WriteBatch, trigger_id: str, at: float) -> Counter:
+        """Write one more firing of a trigger into ``batch``; returns the counter to
+        :meth:`apply_count` once the batch is durable."""
         with self._lock:
-            counter = self._counters.setdefault(firing.trigger_id, _Counter())
-            counter.fires += 1
-            counter.last_fired_at = firing.at
+            current = self._counters.get(trigger_id, Counter())
+        counter = Counter(current.fires + 1, at)
+        batch.put_raw(b"f:" + trigger_id.encode(), json.dumps(asdict(counter)).encode())
+        return counter
+
+    def apply_count(self, trigger_id: str, counter: Counter) -> None:
+        """Make a counter written by :meth:`put_count` (and committed) the one in force."""
+        with self._lock:
+            self._counters[trigger_id] = counter
+
+    def put_history(self, batch: WriteBatch, firing: Firing) -> None:
+        """Add a firing to its trigger's history, in ``batch``."""
+        with self._lock:
             self._history_seq += 1
             order = max(firing.seq, self._history_seq)
             self._history_seq = order
-        trigger = firing.trigger_id.encode()
-        with self._store.batch() as batch:
-            batch.put_raw(b"f:" + trigger, json.dumps(asdict(counter)).encode())
-            batch.put_raw(
-                b"h:" + trigger + _SEP + order.to_bytes(8, "big"),
-                json.dumps(asdict(firing)).encode(),
-            )
-            if decay_t0 is not None:
-                batch.put_raw(
-                    _decay_key(firing.trigger_id, firing.memory_id), repr(decay_t0).encode()
-                )
+        batch.put_raw(
+            b"h:" + firing.trigger_id.encode() + _SEP + order.to_bytes(8, "big"),
+            json.dumps(asdict(firing)).encode(),
+        )
+
+    def put_decay_fired(
+        self, batch: WriteBatch, trigger_id: str, memory_id: str, t0: float
+    ) -> None:
+        """Note, in ``batch``, that the trigger fired for this heat trajectory of the memory."""
+        batch.put_raw(_decay_key(trigger_id, memory_id), repr(t0).encode())
 
     def history(self, trigger_id: str) -> Iterator[Firing]:
         """A trigger's firings, oldest first."""

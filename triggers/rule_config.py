@@ -10,7 +10,11 @@ from urllib.parse import urlsplit
 from calor.server.errors import InvalidArgumentError
 from calor.triggers.templates import check_template
 
-__all__ = ["validate_config"]
+__all__ = ["REDACTED", "redact_config", "validate_config"]
+
+REDACTED = "[redacted]"
+"""What the API shows in place of a write-only config value."""
+_WRITE_ONLY = frozenset({"secret"})  # a webhook's signing key: given once, never shown
 
 _MAX_CONFIG_KEY_BYTES = 256
 _MAX_CONFIG_VALUE_BYTES = 2048
@@ -84,8 +88,11 @@ def _check_url(label: str, value: str) -> None:
         raise InvalidArgumentError(f"{label}: port 0 is not valid")
 
 
-def _check_any(label: str, value: str) -> None:
-    del label, value  # the shared key/value size limits are enough
+def _check_secret(label: str, value: str) -> None:
+    # Any value within the shared size limits, except the placeholder a listing shows:
+    # a trigger copied from a listing would otherwise sign with a well-known key.
+    if value == REDACTED:
+        raise InvalidArgumentError(f"{label}: give the secret itself, not {REDACTED}")
 
 
 def _check_timeout(label: str, value: str) -> None:
@@ -118,7 +125,7 @@ _ACTION_CONFIG: Mapping[str, Mapping[str, _Key]] = {
     "deprecate": {},
     "webhook": {
         "url": _Key(_check_url, required=True),
-        "secret": _Key(_check_any),
+        "secret": _Key(_check_secret),
         "timeout_seconds": _Key(_check_timeout),
         "retries": _Key(_check_retries),
     },
@@ -148,3 +155,9 @@ def validate_config(action: str, config: Mapping[str, str]) -> dict[str, str]:
         if rule.required and key not in config:
             raise InvalidArgumentError(f"config.{key}: required for action {action}")
     return dict(config)
+
+
+def redact_config(config: Mapping[str, str]) -> dict[str, str]:
+    """A rule's config as the API shows it: write-only values (a webhook's ``secret``) are
+    replaced by :data:`REDACTED`, so that no reply ever carries them."""
+    return {key: REDACTED if key in _WRITE_ONLY else value for key, value in config.items()}

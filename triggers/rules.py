@@ -13,7 +13,7 @@ import re2  # type: ignore[import-untyped]
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.errors import InvalidArgumentError
-from calor.triggers.rule_config import validate_config
+from calor.triggers.rule_config import redact_config, validate_config
 from calor.v1 import memory_pb2, trigger_service_pb2
 
 __all__ = [
@@ -344,12 +344,16 @@ def _threshold(message: trigger_service_pb2.Trigger, event: str) -> float | None
 def rule_message(rule: TriggerRule, fires: int) -> trigger_service_pb2.Trigger:
     """The API view of a rule, with how many times it has fired.
 
+    Write-only config values (a webhook's ``secret``) show as ``[redacted]``: every
+    reply that carries a trigger is built here, so none ever returns one.
+
     Args:
         rule: The rule.
         fires: Its fire count so far.
 
     Returns:
-        A ``Trigger`` that :func:`rule_from_message` turns back into the same rule.
+        A ``Trigger`` that :func:`rule_from_message` turns back into the same rule
+        (one whose secret is redacted it refuses instead).
     """
     created_at = Timestamp()
     created_at.FromNanoseconds(round(rule.created_at * 1e9))
@@ -358,7 +362,7 @@ def rule_message(rule: TriggerRule, fires: int) -> trigger_service_pb2.Trigger:
         channel=rule.channel,
         event=trigger_service_pb2.EventKind.Value(_EVENT_PREFIX + rule.event.upper()),
         action=trigger_service_pb2.ActionKind.Value(_ACTION_PREFIX + rule.action.upper()),
-        config=dict(rule.config),
+        config=redact_config(rule.config),
         filter_pattern=rule.filter_pattern,
         max_fires=rule.max_fires,
         cooldown_seconds=rule.cooldown_seconds,

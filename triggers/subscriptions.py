@@ -4,6 +4,8 @@ Modelled on grpc's async health ``Watch``: a subscriber registers, gets what the
 holds after its ``after_seq``, then live events, each exactly once and in order. A
 subscriber that falls ``queue_size`` events behind is cut off with the last sequence
 it received, so it can resume from there; the server never buffers without bound.
+A resume point the log cannot serve (past its end, or older than what retention
+kept) is refused with OUT_OF_RANGE naming the bound, never skipped silently.
 """
 
 from __future__ import annotations
@@ -12,10 +14,15 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from calor.server.errors import ResourceExhaustedError, UnavailableError
+from calor.server.errors import OutOfRangeError, ResourceExhaustedError, UnavailableError
 from calor.server.events import EventRecord
 
-__all__ = ["EventFilter", "SubscriptionHub"]
+__all__ = ["LOG_LAST_SEQ_KEY", "LOG_OLDEST_SEQ_KEY", "EventFilter", "SubscriptionHub"]
+
+LOG_LAST_SEQ_KEY = "calor-log-last-seq"
+"""Trailing metadata of an OUT_OF_RANGE answer: the log's last sequence."""
+LOG_OLDEST_SEQ_KEY = "calor-log-oldest-seq"
+"""Trailing metadata of an OUT_OF_RANGE answer: the oldest sequence the log retains."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +90,19 @@ class SubscriptionHub:
                     subscriber.overflowed = True
                     subscriber.wake.set()
 
-    async def subscribe(self, wanted: EventFilter, after_seq: int) -> AsyncIterator[EventRecord]:
+    async def subscribe(
+        self, wanted: EventFilter, after_seq: int, *, from_oldest: bool = False
+    ) -> AsyncIterator[EventRecord]:
         """Events after ``after_seq`` that pass the filter: first from the log, then live.
 
+        ``after_seq`` 0 starts at the oldest event the log retains, as does any older
+        resume point with ``from_oldest``; otherwise a resume point whose next events
+        retention dropped is refused, as is one past the end of the log.
+
         Raises:
+            OutOfRangeError: ``after_seq`` is past the log's last sequence, or events
+                after it (or after a point reached while replaying) are no longer
+                retained; the message and ``trailing`` name the bound.
             ResourceExhaustedError: the subscriber fell too far behind; the message
                 names the last sequence delivered, to resume from.
             UnavailableError: the server is shutting down.
@@ -94,11 +110,18 @@ class SubscriptionHub:
         subscriber = _Subscriber(wanted, asyncio.Queue(self._queue_size))
         self._subscribers.add(subscriber)
         last = after_seq
+        may_skip = after_seq == 0 or from_oldest
         try:
             horizon = self.published_seq
+            if after_seq > horizon:
+                await self._check_end(after_seq, horizon)
             while last < horizon:
                 chunk = await self._read_after(last, self._replay_chunk)
                 chunk = [e for e in chunk if e.seq <= horizon]
+                oldest = chunk[0].seq if chunk else horizon + 1
+                # Sequence numbers have no holes, so a jump means retention dropped events.
+                if oldest > last + 1 and not (may_skip and last == after_seq):
+                    raise _pruned(last, oldest)
                 if not chunk:
                     break
                 for event in chunk:
@@ -113,6 +136,25 @@ class SubscriptionHub:
                     yield event
         finally:
             self._subscribers.discard(subscriber)
+
+    async def _check_end(self, after_seq: int, horizon: int) -> None:
+        """Refuse ``after_seq`` past the log's last sequence (it is past ``horizon``,
+        what has been published, but may be logged and about to be)."""
+        if await self._read_after(after_seq - 1, 1):
+            return
+        end = horizon
+        while True:  # what was logged after the horizon: usually nothing, or a few
+            chunk = await self._read_after(end, self._replay_chunk)
+            end = chunk[-1].seq if chunk else end
+            if end >= after_seq:
+                return
+            if len(chunk) < self._replay_chunk:
+                break
+        raise OutOfRangeError(
+            f"after_seq={after_seq} is beyond the end of the event log: its last sequence "
+            f"is {end}; resume with after_seq={end} or less",
+            ((LOG_LAST_SEQ_KEY, str(end)),),
+        )
 
     async def _next(self, subscriber: _Subscriber, last: int) -> EventRecord:
         while True:
@@ -144,3 +186,13 @@ class SubscriptionHub:
         for subscriber in self._subscribers:
             subscriber.closed = True
             subscriber.wake.set()
+
+
+def _pruned(last: int, oldest: int) -> OutOfRangeError:
+    """The refusal of a resume point after which retention dropped events."""
+    return OutOfRangeError(
+        f"events after seq {last} are no longer retained: the oldest retained sequence is "
+        f"{oldest}, so {oldest - last - 1} event(s) would be missed; resubscribe with "
+        f"from_oldest_retained (or after_seq={oldest - 1}) to continue from it",
+        ((LOG_OLDEST_SEQ_KEY, str(oldest)),),
+    )

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -15,11 +14,13 @@ from calor.server.errors import (
     CalorError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfRangeError,
 )
 from calor.server.events import EventRecord
 from calor.server.ids import new_id
 from calor.server.rpc import abort_with, rpc_errors
 from calor.server.runtime import Runtime
+from calor.server.validation import decode_page_token, encode_page_token
 from calor.triggers.actions import describe
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.registry import Firing
@@ -66,19 +67,25 @@ def _kind_name(value: int, field: str) -> str:
     return name.removeprefix(_KIND_PREFIX).lower()
 
 
-def _page(token: str, size: int, field: str = "page_token") -> tuple[str, int]:
+def _page(token: str, size: int, valid: Callable[[str], bool]) -> tuple[str, int]:
+    """The position a page token resumes after ('' for the first page) and the page size.
+
+    Raises:
+        InvalidArgumentError: The size is out of range, or the token is not one this
+            server issued (``valid`` checks the position it holds).
+    """
     if size < 0 or size > _MAX_PAGE:
         raise InvalidArgumentError(f"page_size: {size} is outside 0..{_MAX_PAGE}")
-    if not token:
-        return "", size or 100
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode(), size or 100
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgumentError(f"{field}: not a token this server issued") from None
+    return decode_page_token(token, valid=valid), size or 100
 
 
-def _token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode()
+def _is_trigger_id(value: str) -> bool:
+    return _TRIGGER_ID.fullmatch(value) is not None
+
+
+def _is_offset(value: str) -> bool:
+    """Whether a history position is an offset as the server writes one: digits, no sign."""
+    return value.isascii() and value.isdigit() and str(int(value)) == value
 
 
 class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
@@ -118,14 +125,14 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         self, request: tpb.ListTriggersRequest, context: _Context
     ) -> tpb.ListTriggersResponse:
         engine = self._triggers()
-        after, size = _page(request.page_token, request.page_size)
+        after, size = _page(request.page_token, request.page_size, _is_trigger_id)
         channel = self._rt.validator.channel(request.channel) if request.channel else None
         rules = [r for r in engine.registry.rules(channel=channel) if r.id > after]
         page = rules[:size]
         more = len(rules) > size
         return tpb.ListTriggersResponse(
             triggers=[rule_message(r, engine.registry.fires(r.id)) for r in page],
-            next_page_token=_token(page[-1].id) if more and page else "",
+            next_page_token=encode_page_token(page[-1].id) if more and page else "",
         )
 
     @rpc_errors
@@ -145,7 +152,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.TriggerHistoryResponse:
         if not request.trigger_id:
             raise InvalidArgumentError("trigger_id: a trigger id is required")
-        after, size = _page(request.page_token, request.page_size)
+        after, size = _page(request.page_token, request.page_size, _is_offset)
         start = int(after) if after else 0
         registry = self._triggers().registry
         firings: list[Firing] = await self._rt.run(
@@ -165,7 +172,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 )
                 for f in page
             ],
-            next_page_token=_token(str(start + size)) if len(rest) > size else "",
+            next_page_token=encode_page_token(str(start + size)) if len(rest) > size else "",
         )
 
     @rpc_errors
@@ -191,7 +198,11 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     async def Subscribe(
         self, request: tpb.SubscribeRequest, context: _Context
     ) -> AsyncIterator[tpb.SubscribeResponse]:
-        """Logged events after ``after_seq`` that pass the filter, then live ones."""
+        """Logged events after ``after_seq`` that pass the filter, then live ones.
+
+        A resume point the log cannot serve ends the call with OUT_OF_RANGE, its bound
+        named in the message and the trailing metadata (see ``SubscribeRequest``).
+        """
         last = request.after_seq
         try:
             wanted = EventFilter(
@@ -201,8 +212,12 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 kinds=frozenset(_kind_name(k, "kinds") for k in request.kinds),
                 trigger_ids=frozenset(request.trigger_ids),
             )
-            async for event in self._triggers().hub.subscribe(wanted, request.after_seq):
+            events = self._triggers().hub.subscribe(
+                wanted, request.after_seq, from_oldest=request.from_oldest_retained
+            )
+            async for event in events:
                 yield tpb.SubscribeResponse(event=event_message(event))
                 last = event.seq
         except CalorError as error:
-            await abort_with(context, error, (("calor-last-seq", str(last)),))
+            bounds = error.trailing if isinstance(error, OutOfRangeError) else ()
+            await abort_with(context, error, (("calor-last-seq", str(last)), *bounds))

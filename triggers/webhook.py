@@ -1,4 +1,5 @@
-"""Webhook delivery: signed JSON POSTs to allow-listed hosts, with timeouts and retries."""
+"""Webhook delivery: signed JSON POSTs to allow-listed hosts and ports, with timeouts and
+retries, each carrying an idempotency key so that a receiver can drop a repeat."""
 
 from __future__ import annotations
 
@@ -6,32 +7,77 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import math
 import re
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit
 
 __all__ = [
+    "IDEMPOTENCY_HEADER",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "USER_AGENT",
     "WebhookOutcome",
     "WebhookPolicy",
+    "parse_allow_entry",
     "send_webhook",
     "sign",
     "verify_signature",
 ]
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 SIGNATURE_HEADER = "X-Calor-Signature"
 TIMESTAMP_HEADER = "X-Calor-Timestamp"
 USER_AGENT = "calor-webhook/1"
 _SIGNATURE_PREFIX = "sha256="
 _MAX_BACKOFF_SECONDS = 60.0  # doubling stops here, so ten retries never wait for hours
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9]{2})(?:[ \r\n]|$)")
+_DEFAULT_PORTS = (80, 443)  # what a bare host on the allow-list opens
+_KEY_CHARS = re.compile(r"[!-~]{1,200}")  # visible ASCII: safe in a header line
+
+
+def parse_allow_entry(entry: str) -> tuple[str, tuple[int, ...]]:
+    """The host and ports one allow-list entry opens.
+
+    ``host:port`` and ``[v6 address]:port`` open exactly that port; a bare host (or a
+    bare IPv6 address, bracketed or not) opens only the default ports 80 and 443.
+
+    Raises:
+        ValueError: the entry is empty or its port is not a number from 1 to 65535.
+    """
+    text = entry.strip()
+    host, port = text, ""
+    if text.startswith("["):
+        inside, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"allow-list entry {entry!r}: write IPv6 as [address]:port")
+        host, port = inside, rest[1:] if rest else ""
+        if rest and not port:
+            raise ValueError(f"allow-list entry {entry!r}: the port is missing after ':'")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+        if not port:
+            raise ValueError(f"allow-list entry {entry!r}: the port is missing after ':'")
+    elif ":" in text:  # more than one: a bare IPv6 address, or nothing valid
+        try:
+            ipaddress.IPv6Address(text)
+        except ValueError:
+            raise ValueError(
+                f"allow-list entry {entry!r}: write IPv6 as [address] or [address]:port"
+            ) from None
+    host = _normal_host(host)
+    if not host or any(ch <= " " or ch in "/@[]" for ch in host):
+        raise ValueError(f"allow-list entry {entry!r}: no valid host")
+    if not port:
+        return host, _DEFAULT_PORTS
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"allow-list entry {entry!r}: the port must be a number from 1 to 65535")
+    return host, (int(port),)
 
 
 @dataclass(frozen=True)
@@ -39,8 +85,10 @@ class WebhookPolicy:
     """How webhooks may be sent; one per server, from its configuration.
 
     Attributes:
-        allowed_hosts: Host names or IP addresses that may be called, matched exactly and
-            case-insensitively against the URL's host; empty allows nothing.
+        allowed_hosts: The allow-list: ``host:port`` entries (``[::1]:8080`` for IPv6)
+            open exactly that host and port; a bare host opens its ports 80 and 443
+            only. Hosts match the URL's exactly and case-insensitively (no wildcards,
+            no name resolution); empty allows nothing.
         timeout_seconds: The default limit on one attempt (connect, send, read the status).
         retries: The default number of retries after a failed first attempt.
         backoff_seconds: The wait before the first retry; it doubles for each later one.
@@ -52,6 +100,9 @@ class WebhookPolicy:
     retries: int = 3
     backoff_seconds: float = 0.5
     max_body_bytes: int = 65536
+    _allowed: frozenset[tuple[str, int]] = field(
+        init=False, repr=False, compare=False, default=frozenset()
+    )
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.timeout_seconds) or self.timeout_seconds <= 0:
@@ -62,12 +113,15 @@ class WebhookPolicy:
             raise ValueError(f"backoff_seconds must be finite and >= 0, not {self.backoff_seconds}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be > 0, not {self.max_body_bytes}")
-        hosts = frozenset(_normal_host(host) for host in self.allowed_hosts)
-        object.__setattr__(self, "allowed_hosts", hosts)
+        pairs: set[tuple[str, int]] = set()
+        for entry in self.allowed_hosts:
+            host, ports = parse_allow_entry(entry)
+            pairs.update((host, port) for port in ports)
+        object.__setattr__(self, "_allowed", frozenset(pairs))
 
-    def allows(self, host: str) -> bool:
-        """Whether ``host`` is on the allow-list (exact, case-insensitive)."""
-        return _normal_host(host) in self.allowed_hosts
+    def allows(self, host: str, port: int) -> bool:
+        """Whether ``host`` (case-insensitive) and ``port`` are on the allow-list."""
+        return (_normal_host(host), port) in self._allowed
 
 
 @dataclass(frozen=True)
@@ -132,8 +186,10 @@ def _check_url(url: str, policy: WebhookPolicy) -> tuple[SplitResult, str] | str
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "the webhook url must be http or https with a host"
     host = parts.hostname
-    if not policy.allows(host):
-        return f"host {host} is not on the webhook allow-list"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not policy.allows(host, port):
+        authority = f"[{host}]" if ":" in host else host
+        return f"{authority}:{port} is not on the webhook allow-list"
     return parts, host
 
 
@@ -150,7 +206,7 @@ def _encode(body: Mapping[str, object], limit: int) -> bytes | str:
     return data
 
 
-def _request(parts: SplitResult, host: str, data: bytes, secret: str) -> bytes:
+def _request(parts: SplitResult, host: str, data: bytes, secret: str, key: str) -> bytes:
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
@@ -166,6 +222,8 @@ def _request(parts: SplitResult, host: str, data: bytes, secret: str) -> bytes:
         f"{TIMESTAMP_HEADER}: {int(time.time())}",
         "Connection: close",
     ]
+    if key:
+        headers.append(f"{IDEMPOTENCY_HEADER}: {key}")
     if secret:
         headers.append(f"{SIGNATURE_HEADER}: {sign(data, secret)}")
     return ("\r\n".join(headers) + "\r\n\r\n").encode("ascii") + data
@@ -209,13 +267,18 @@ async def send_webhook(
     policy: WebhookPolicy,
     timeout: float | None = None,
     retries: int | None = None,
+    idempotency_key: str = "",
 ) -> WebhookOutcome:
-    """POST ``body`` as JSON to ``url`` if its host is allowed, retrying transient failures.
+    """POST ``body`` as JSON to ``url`` if its host and port are allowed, retrying transient
+    failures.
 
     Connection errors, timeouts, malformed responses and 5xx answers are retried with a
     doubling backoff; 2xx is delivered; any other status (4xx, a redirect) ends it at
     once. With a ``secret`` the request carries ``X-Calor-Signature: sha256=<hex>``, the
-    HMAC-SHA256 of the exact body bytes. Cancelling the caller cancels the delivery.
+    HMAC-SHA256 of the exact body bytes. With an ``idempotency_key`` every attempt carries
+    ``Idempotency-Key: <key>`` (the caller puts the key in the body too, so it is signed):
+    a receiver that has seen the key already can drop the request. Cancelling the caller
+    cancels the delivery.
 
     Args:
         url: An ``http`` or ``https`` URL.
@@ -224,17 +287,21 @@ async def send_webhook(
         policy: The allow-list and defaults.
         timeout: The limit on each attempt, in seconds; None uses the policy's.
         retries: Retries after the first attempt; None uses the policy's.
+        idempotency_key: Visible ASCII naming this delivery; "" sends no such header.
 
     Returns:
         The outcome; a refused URL or body has ``attempts`` 0.
 
     Raises:
-        ValueError: ``timeout`` or ``retries`` is out of range (a caller bug).
+        ValueError: ``timeout`` or ``retries`` is out of range, or the key is not visible
+            ASCII (a caller bug).
     """
     per_attempt = policy.timeout_seconds if timeout is None else timeout
     extra = policy.retries if retries is None else retries
     if not math.isfinite(per_attempt) or per_attempt <= 0 or extra < 0:
         raise ValueError(f"invalid webhook timeout {per_attempt} or retries {extra}")
+    if idempotency_key and not _KEY_CHARS.fullmatch(idempotency_key):
+        raise ValueError(f"invalid idempotency key {idempotency_key[:40]!r}")
     checked = _check_url(url, policy)
     if isinstance(checked, str):
         return _refused(checked)
@@ -249,7 +316,8 @@ async def send_webhook(
             await asyncio.sleep(
                 min(policy.backoff_seconds * 2 ** (attempt - 2), _MAX_BACKOFF_SECONDS)
             )
-        answer = await _attempt(parts, host, _request(parts, host, data, secret), per_attempt)
+        request = _request(parts, host, data, secret, idempotency_key)
+        answer = await _attempt(parts, host, request, per_attempt)
         if isinstance(answer, str):
             error = f"attempt {attempt}: {answer}"
             continue

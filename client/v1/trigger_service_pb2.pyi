@@ -527,13 +527,34 @@ Global___Event: _TypeAlias = Event  # noqa: Y015
 
 @_typing.final
 class SubscribeRequest(_message.Message):
+    """Which events to stream, and from where.
+
+    The stream first replays what the log holds after after_seq, then streams live
+    events. A resume point the log cannot serve is answered with OUT_OF_RANGE, never
+    silently: after_seq beyond the log's last sequence (the message and the trailing
+    metadata key calor-log-last-seq name the last one), or after_seq older than what
+    retention kept, so that events after it are gone (the message and
+    calor-log-oldest-seq name the oldest retained sequence). after_seq equal to the
+    last sequence is fine: nothing was missed, and new events follow.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANNELS_FIELD_NUMBER: _builtins.int
     KINDS_FIELD_NUMBER: _builtins.int
     TRIGGER_IDS_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    FROM_OLDEST_RETAINED_FIELD_NUMBER: _builtins.int
     after_seq: _builtins.int
+    """Stream events numbered above this. 0 means from the oldest event the log
+    still retains, whatever retention dropped before it (never OUT_OF_RANGE for
+    that): a new subscriber gets everything retained, then live events.
+    """
+    from_oldest_retained: _builtins.bool
+    """If after_seq is older than what the log retains, start from the oldest
+    retained event instead of answering OUT_OF_RANGE (accepting the loss). A gap
+    that opens later in the same stream still ends it with OUT_OF_RANGE.
+    """
     @_builtins.property
     def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -547,10 +568,11 @@ class SubscribeRequest(_message.Message):
         kinds: _abc.Iterable[Global___EventKind.ValueType] | None = ...,
         trigger_ids: _abc.Iterable[_builtins.str] | None = ...,
         after_seq: _builtins.int = ...,
+        from_oldest_retained: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "channels", b"channels", "kinds", b"kinds", "trigger_ids", b"trigger_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "channels", b"channels", "from_oldest_retained", b"from_oldest_retained", "kinds", b"kinds", "trigger_ids", b"trigger_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,91 @@
+"""The webhook outbox: deliveries made durable before they are sent, until they finish.
+
+A webhook firing writes its delivery here in the same batch as the dispatcher's cursor
+advance, then sends it; the record is dropped in the batch that logs the final outcome
+(delivered or given up). Whatever is still here at start was cut short by a crash and
+is sent again, under the same idempotency key: webhooks are at-least-once, and the key
+lets a receiver make them exactly-once.
+
+Keys: ``o:<idempotency key>`` → Delivery JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from calor.server.store import MemoryStore, WriteBatch
+
+__all__ = ["Delivery", "drop_delivery", "pending_deliveries", "put_delivery"]
+
+_PREFIX = b"o:"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One webhook to send, and what to log when it is done.
+
+    Attributes:
+        key: The idempotency key: ``<trigger id>:<cause seq>`` (the chain of triggers,
+            joined by ``>``, for a chained firing; a decay crossing names its memory
+            and trajectory instead of a sequence number).
+        url: Where to POST.
+        body: The JSON body; it holds ``idempotency_key`` too, so the key is signed.
+        secret: The trigger's signing secret ("" for none).
+        timeout: The trigger's limit on one attempt, or None for the server's.
+        retries: The trigger's retries, or None for the server's.
+        trigger_id: The trigger that fired.
+        channel: The memory's channel.
+        memory_id: The memory it fired on.
+        cause_seq: The sequence number of the event that set it off (0 for decay).
+        at: When it fired.
+        payload: The cause fields for the logged ``webhook`` event.
+    """
+
+    key: str
+    url: str
+    body: dict[str, Any]
+    secret: str
+    timeout: float | None
+    retries: int | None
+    trigger_id: str
+    channel: str
+    memory_id: str
+    cause_seq: int
+    at: float
+    payload: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def late(self) -> bool:
+        """Whether it fired for a decay crossing that fell while the server was down."""
+        return self.payload.get("late") == "true"
+
+    def to_json(self) -> bytes:
+        """The delivery as JSON, for the outbox."""
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Delivery:
+        """A delivery from :meth:`to_json`."""
+        raw: dict[str, Any] = json.loads(data)
+        return cls(**raw)
+
+
+def _key(idempotency_key: str) -> bytes:
+    return _PREFIX + idempotency_key.encode()
+
+
+def put_delivery(batch: WriteBatch, delivery: Delivery) -> None:
+    """Add a delivery to the outbox, in ``batch``."""
+    batch.put_raw(_key(delivery.key), delivery.to_json())
+
+
+def drop_delivery(batch: WriteBatch, idempotency_key: str) -> None:
+    """Remove a finished delivery from the outbox, in ``batch``."""
+    batch.delete_raw(_key(idempotency_key))
+
+
+def pending_deliveries(store: MemoryStore) -> list[Delivery]:
+    """Every delivery not finished yet, in key order."""
+    return [Delivery.from_json(value) for _, value in store.scan_raw(_PREFIX)]
