@@ -84,6 +84,14 @@ def test_no_reply_ever_carries_a_webhook_secret(
         assert SECRET.encode() not in reply.SerializeToString(), type(reply).__name__
 
 
+@pytest.mark.parametrize("bad", ["nightly\n", "nightly\r\n", " nightly", "a/b"])
+def test_a_trigger_id_is_checked_to_its_last_character(
+    triggers: TriggerServiceStub, channel_name: str, bad: str
+) -> None:
+    rejected(lambda: webhook(triggers, channel_name, bad), "trigger.id")
+    assert not triggers.ListTriggers(tpb.ListTriggersRequest(channel=channel_name)).triggers
+
+
 def test_the_redacted_placeholder_is_not_taken_as_a_secret(
     triggers: TriggerServiceStub, channel_name: str
 ) -> None:

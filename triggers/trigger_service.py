@@ -103,7 +103,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.CreateTriggerResponse:
         engine = self._triggers()
         trigger_id = request.trigger.id or new_id()
-        if not _TRIGGER_ID.match(trigger_id):
+        if _TRIGGER_ID.fullmatch(trigger_id) is None:
             raise InvalidArgumentError(
                 "trigger.id: 1-64 letters, digits or _.:- (or leave it empty for a new id)"
             )
