@@ -22,8 +22,6 @@ from calor.server.dream import Dreamer, DreamReport, conflict_key
 from calor.server.errors import InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.graph import Edge
-from calor.server.heap import BULK_ITEMS, bulk_build
-from calor.server.ingest import build_records
 from calor.server.lifecycle import (
     Clocks,
     apply_boost,
@@ -37,8 +35,9 @@ from calor.server.recall import Hit, rank_channel, recall_window
 from calor.server.recall_effects import recall_effects
 from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
 from calor.server.registry import ChannelRegistry
-from calor.server.results import ChannelStatus, Prepared, RecallResult, Stored
-from calor.server.store import BatchWrites, MemoryStore, WriteBatch
+from calor.server.results import ChannelStatus, RecallResult, Stored
+from calor.server.store import BatchWrites, MemoryStore
+from calor.server.storing import StorePipeline
 from calor.server.temporal import TimeWindow
 
 __all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
@@ -50,8 +49,6 @@ _LIVE = frozenset({ACTIVE, COLD})
 # scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
 # old crossing comes due.
 _RESONATED_LOGGED = 64
-# A bulk store writes its vectors ahead of its records this many to a batch.
-_VECTORS_AHEAD = 256
 
 
 class MemoryEngine:
@@ -62,6 +59,7 @@ class MemoryEngine:
         self._clock = clock
         self._reg = ChannelRegistry(store, clock, policy)
         self._dreamer = Dreamer(self._reg, store)
+        self._storing = StorePipeline(self._reg, store, clock)
         self.background: Callable[[Callable[[], object]], object] = lambda work: work()
 
     @classmethod
@@ -95,110 +93,7 @@ class MemoryEngine:
 
     def store(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
         """Store memories (with their embeddings, one row each) in one atomic batch."""
-        names = sorted({item.channel for item in items})
-        channels = [self._reg.channel(name) for name in names]
-        for channel in channels:
-            channel.lock.acquire()
-        try:
-            if len(items) < BULK_ITEMS:
-                return self._store_locked(items, vectors)
-            with bulk_build():
-                return self._store_locked(items, vectors)
-        finally:
-            for channel in reversed(channels):
-                channel.lock.release()
-
-    def _store_locked(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
-        results: list[Stored | None] = [None] * len(items)
-        fresh: dict[str, list[int]] = {}
-        seen: dict[tuple[str, str], int] = {}
-        for position, item in enumerate(items):
-            key = (item.channel, item.idempotency_key)
-            earlier = self._store.idempotent_id(*key) if item.idempotency_key else None
-            if earlier is not None:
-                results[position] = Stored(
-                    self._get(self._reg.channel(item.channel), earlier), False
-                )
-            elif item.idempotency_key and key in seen:
-                continue  # resolved below, once the first of the batch has its id
-            else:
-                if item.idempotency_key:
-                    seen[key] = position
-                fresh.setdefault(item.channel, []).append(position)
-        prepared = {
-            name: self._prepare(
-                self._reg.channel(name), [items[p] for p in positions], vectors[positions]
-            )
-            for name, positions in fresh.items()
-        }
-        ahead = len(items) >= BULK_ITEMS
-        if ahead:
-            self._write_vectors_ahead(prepared)
-        with self._store.batch() as batch:
-            for name, done in prepared.items():
-                self._write_prepared(self._reg.channel(name), done, batch, vectors=not ahead)
-        for name, positions in fresh.items():
-            channel = self._reg.channel(name)
-            policy = self._reg.policy(name)
-            done = prepared[name]
-            channel.state = done.state
-            clocks = self._reg.clocks(channel)
-            for confirmed in done.confirmed:
-                channel.replace(confirmed, policy, clocks, self._store)
-            channel.admit(done.ingested, policy, clocks)
-            for position, ingested in zip(positions, done.ingested, strict=True):
-                results[position] = Stored(ingested.record, True)
-        for position, item in enumerate(items):
-            if results[position] is None:
-                first = results[seen[(item.channel, item.idempotency_key)]]
-                assert first is not None
-                results[position] = Stored(first.record, False)
-        return [Stored(replace(r.record), r.created) for r in results if r is not None]
-
-    def _prepare(self, channel: Channel, items: list[NewMemory], vectors: np.ndarray) -> Prepared:
-        policy = self._reg.policy(channel.name)
-        now = self._clock.now()
-        ingested = build_records(
-            items, vectors, channel.neighbourhood(), policy, now, channel.state.interactions
-        )
-        state = replace(channel.state, interactions=channel.state.interactions + len(items))
-        confirmed: list[MemoryRecord] = []
-        for older_id in sorted({c for entry in ingested for c in entry.confirms}):
-            older = channel.records.get(older_id)
-            if older is not None:
-                confirmed.append(replace(older, confirmations=older.confirmations + 1))
-                refresh_utility(confirmed[-1], now)
-        return Prepared(ingested, state, confirmed, now)
-
-    def _write_prepared(
-        self, channel: Channel, done: Prepared, batch: WriteBatch, vectors: bool
-    ) -> None:
-        for entry in done.ingested:
-            batch.put_record(entry.record)
-            batch.append_event(memory_event("on_store", entry.record, done.at, entry.record.heat0))
-            if vectors:
-                batch.put_vector(channel.name, entry.record.id, entry.vector)
-            if entry.record.idempotency_key:
-                batch.put_idempotency(channel.name, entry.record.idempotency_key, entry.record.id)
-            for edge in entry.edges:
-                batch.put_edge(channel.name, edge.from_id, edge.to_id, edge.kind, edge.weight)
-        for record in done.confirmed:
-            batch.put_record(record)
-        batch.put_channel_state(channel.name, done.state.to_json())
-
-    def _write_vectors_ahead(self, prepared: dict[str, Prepared]) -> None:
-        """Write a bulk store's vectors ahead of its records, in batches of their own.
-
-        The records' batch stays the one commit point: a vector whose record was never
-        written is never indexed, and is dropped at the next start. What this buys is a
-        shorter final write; the RocksDB binding holds the GIL while it writes and
-        syncs, so that write is a pause for every other client's recall.
-        """
-        entries = [(name, e) for name, done in prepared.items() for e in done.ingested]
-        for start in range(0, len(entries), _VECTORS_AHEAD):
-            with self._store.batch() as batch:
-                for name, entry in entries[start : start + _VECTORS_AHEAD]:
-                    batch.put_vector(name, entry.record.id, entry.vector)
+        return self._storing.store(items, vectors)
 
     # --- recall ----------------------------------------------------------------
 

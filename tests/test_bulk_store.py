@@ -36,10 +36,11 @@ def test_a_bulk_store_cut_short_before_its_records_leaves_nothing_behind(
     items = notes(BULK_ITEMS + 40)  # vectors ahead in two batches, then the records
     vectors = embedder.embed_passages([item.text for item in items])
     store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
-    engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
-    engine._store = CrashAfter(store, budget=written_batches)  # type: ignore[assignment]
+    crashing = CrashAfter(store, budget=written_batches)
+    engine = MemoryEngine.open(crashing, SystemClock(), ChannelPolicy())  # type: ignore[arg-type]
     with pytest.raises(OSError):
         engine.store(items, vectors)
+    assert crashing.refused == 1  # the records' batch, after the vectors written ahead
     assert vector_keys(store)  # the vectors written ahead are on disk
     store.close()
 
