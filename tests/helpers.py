@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.store import MemoryStore, WriteBatch
+from calor.triggers.rules import TriggerRule
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
@@ -74,3 +77,23 @@ class CrashAfter:
         self.budget -= 1
         with self._store.batch() as batch:
             yield batch
+
+
+def trigger_rule(**fields: Any) -> TriggerRule:
+    """A notify-on-store rule with no filters or limits, with ``fields`` changed."""
+    base = TriggerRule(
+        id="trg_1",
+        channel="team",
+        event="on_store",
+        action="notify",
+        config={},
+        filter_memory_type=None,
+        filter_pattern="",
+        filter_heat_above=None,
+        filter_heat_below=None,
+        max_fires=0,
+        cooldown_seconds=0.0,
+        threshold=None,
+        created_at=0.0,
+    )
+    return dataclasses.replace(base, **fields)

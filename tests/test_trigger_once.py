@@ -42,7 +42,7 @@ from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
-from tests.helpers import CrashAfter
+from tests.helpers import CrashAfter, trigger_rule
 
 CHANNEL = "once"
 CURSOR = b"s:cursor"
@@ -112,21 +112,7 @@ def check_requests(receiver: Receiver) -> Counter[str]:
 
 
 def rule(name: str, action: str, **config: str) -> TriggerRule:
-    return TriggerRule(
-        id=name,
-        channel=CHANNEL,
-        event="on_store",
-        action=action,
-        config=config,
-        filter_memory_type=None,
-        filter_pattern="",
-        filter_heat_above=None,
-        filter_heat_below=None,
-        max_fires=0,
-        cooldown_seconds=0.0,
-        threshold=None,
-        created_at=0.0,
-    )
+    return trigger_rule(id=name, channel=CHANNEL, action=action, config=config)
 
 
 async def _to_thread(function: Callable[..., Any], *args: object) -> Any:

@@ -24,6 +24,7 @@ from calor.triggers.rules import (
 from calor.triggers.templates import MESSAGE_FIELDS, render_message
 from calor.v1 import memory_pb2
 from calor.v1 import trigger_service_pb2 as tpb
+from tests.helpers import trigger_rule
 
 NOW = 1_700_000_000.25
 
@@ -51,22 +52,7 @@ def build(**fields: Any) -> TriggerRule:
 
 
 def rule(**overrides: Any) -> TriggerRule:
-    base = TriggerRule(
-        id="trg_1",
-        channel="team",
-        event="on_store",
-        action="notify",
-        config={},
-        filter_memory_type=None,
-        filter_pattern="",
-        filter_heat_above=None,
-        filter_heat_below=None,
-        max_fires=0,
-        cooldown_seconds=0.0,
-        threshold=None,
-        created_at=NOW,
-    )
-    return dataclasses.replace(base, **overrides)
+    return trigger_rule(**{"created_at": NOW, **overrides})
 
 
 def test_constants() -> None:
