@@ -142,7 +142,7 @@ class CalorServer:
             engine,
             self.clock,
             self.runtime.run,
-            WebhookPolicy(allowed_hosts=frozenset(h.lower() for h in self.config.webhook_allow)),
+            WebhookPolicy(allowed_hosts=frozenset(self.config.webhook_allow)),
             retention_events=self.config.event_retention,
             retention_seconds=self.config.event_retention_seconds,
             queue_size=self.config.subscriber_queue,

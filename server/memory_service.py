@@ -232,17 +232,17 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         )
 
     async def Share(self, request: pb.ShareRequest, context: _Context) -> pb.ShareResponse:
-        await self._unimplemented("Share", 3, context)
+        await self._unimplemented("Share", 11, context)
         return pb.ShareResponse()
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: _Context) -> pb.EvaluateResponse:
-        await self._unimplemented("Evaluate", 7, context)
+        await self._unimplemented("Evaluate", 11, context)
         return pb.EvaluateResponse()
 
     async def EntityCard(
         self, request: pb.EntityCardRequest, context: _Context
     ) -> pb.EntityCardResponse:
-        await self._unimplemented("EntityCard", 7, context)
+        await self._unimplemented("EntityCard", 11, context)
         return pb.EntityCardResponse()
 
     @rpc_errors
@@ -266,11 +266,11 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         return reply
 
     async def Context(self, request: pb.ContextRequest, context: _Context) -> pb.ContextResponse:
-        await self._unimplemented("Context", 7, context)
+        await self._unimplemented("Context", 11, context)
         return pb.ContextResponse()
 
     async def Feedback(self, request: pb.FeedbackRequest, context: _Context) -> pb.FeedbackResponse:
-        await self._unimplemented("Feedback", 6, context)
+        await self._unimplemented("Feedback", 11, context)
         return pb.FeedbackResponse()
 
     async def Export(
