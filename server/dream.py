@@ -17,16 +17,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from calor.models.contrast import contradiction
+from calor.server.changes import changing
 from calor.server.channel import Channel
 from calor.server.events import EventRecord
 from calor.server.index import ScratchIndex
 from calor.server.lifecycle import Clocks, current_heat, evolve
 from calor.server.policy import ChannelPolicy
-from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, GHOST, MERGED, MemoryRecord
-from calor.server.registry import ChannelRegistry
+from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MERGED, MemoryRecord
 from calor.server.store import MemoryStore
 
-__all__ = ["CONFLICT_SIMILARITY", "MERGE_SIMILARITY", "DreamReport", "Dreamer", "conflict_key"]
+__all__ = ["CONFLICT_SIMILARITY", "MERGE_SIMILARITY", "DreamReport", "Dreamer"]
 
 CONFLICT_SIMILARITY = 0.80
 MERGE_SIMILARITY = 0.85
@@ -61,17 +61,10 @@ class DreamReport:
         return {k: str(v) for k, v in self.__dict__.items()}
 
 
-def conflict_key(channel: str, a: str, b: str) -> bytes:
-    """The RocksDB key of an open conflict between two memories (order-free)."""
-    low, high = sorted((a, b))
-    return b"x:" + b"\x00".join(part.encode() for part in (channel, low, high))
-
-
 class Dreamer:
     """Runs dreams over a channel's live view; the caller holds the channel's lock."""
 
-    def __init__(self, registry: ChannelRegistry, store: MemoryStore) -> None:
-        self._reg = registry
+    def __init__(self, store: MemoryStore) -> None:
         self._store = store
 
     def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
@@ -81,9 +74,8 @@ class Dreamer:
         the similarity search runs on a snapshot, so stores and recalls go on meanwhile.
         """
         started = time.perf_counter()
-        policy = self._reg.policy(channel.name)
         with channel.lock:
-            clocks = self._reg.clocks(channel)
+            policy, clocks = channel.policy, channel.clocks()
             report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
             report.migrated = self._materialise(channel, policy, clocks)
             scope = self._scope(channel, cold_only)
@@ -113,46 +105,31 @@ class Dreamer:
                 message="dream",
                 payload=report.payload(),
             )
-            with self._store.batch() as batch:
-                batch.put_channel_state(channel.name, state.to_json())
-                batch.append_event(event)
-            channel.state = state
+            with changing(self._store, channel) as change:
+                change.set_state(state)
+                change.log(event)
         return report
 
-    def add_entropy(
-        self, channel: Channel, policy: ChannelPolicy, entropy: int
-    ) -> tuple[int, bool]:
+    def add_entropy(self, channel: Channel, entropy: int) -> tuple[int, bool]:
         """Accumulate offered bytes, durably; True (and reset to 0) when the channel's
         ``entropy_threshold`` is crossed, so the caller dreams."""
         with channel.lock:
             state = replace(channel.state, entropy=channel.state.entropy + entropy)
-            crossed = state.entropy >= policy.entropy_threshold
+            crossed = state.entropy >= channel.policy.entropy_threshold
             if crossed:
                 state.entropy = 0
             if state == channel.state:
                 return state.entropy, crossed  # nothing offered: nothing to write
-            with self._store.batch() as batch:
-                batch.put_channel_state(channel.name, state.to_json())
-            channel.state = state
+            with changing(self._store, channel) as change:
+                change.set_state(state)
         return state.entropy, crossed
 
     # --- steps ---------------------------------------------------------------------
 
-    def _write(
-        self,
-        channel: Channel,
-        records: Iterable[MemoryRecord],
-        policy: ChannelPolicy,
-        clocks: Clocks,
-    ) -> None:
-        records = list(records)
-        if not records:
-            return
-        with self._store.batch() as batch:
+    def _write(self, channel: Channel, records: Iterable[MemoryRecord]) -> None:
+        with changing(self._store, channel) as change:
             for record in records:
-                batch.put_record(record)
-        for record in records:
-            channel.replace(record, policy, clocks, self._store)
+                change.put(record)
 
     def _materialise(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
         """Persist every state that changed by itself; count moves to cold storage."""
@@ -162,7 +139,7 @@ class Dreamer:
             if (evolved := evolve(record, policy, clocks)) is not record
         ]
         migrated = sum(1 for r in changed if r.state == ARCHIVED)
-        self._write(channel, changed, policy, clocks)
+        self._write(channel, changed)
         return migrated
 
     def _scope(self, channel: Channel, cold_only: bool) -> list[str]:
@@ -177,11 +154,9 @@ class Dreamer:
             reason = contradiction(channel.records[a].text, channel.records[b].text)
             if reason is not None:
                 found[(a, b)] = reason
-        if found:
-            with self._store.batch() as batch:
-                for (a, b), reason in found.items():
-                    batch.put_raw(conflict_key(channel.name, a, b), reason.encode())
-            channel.conflicts.update(found)
+        with changing(self._store, channel) as change:
+            for (a, b), reason in found.items():
+                change.open_conflict(a, b, reason)
         return len(found)
 
     def _clusters(
@@ -238,24 +213,14 @@ class Dreamer:
             survivor.tags = {**record.tags, **survivor.tags}
             record.state, record.merged_into, record.updated_at = MERGED, survivor.id, clocks.now
         survivor.updated_at = clocks.now
-        moved = []
-        with self._store.batch() as batch:
+        with changing(self._store, channel) as change:
             for record in absorbed:
                 for edge in channel.graph.edges(record.id):
-                    batch.delete_edge(channel.name, edge.from_id, edge.to_id, edge.kind)
+                    change.unlink(edge)
                     if edge.to_id not in (survivor.id, *absorbed_ids):
-                        batch.put_edge(
-                            channel.name, survivor.id, edge.to_id, edge.kind, edge.weight
-                        )
-                        moved.append((edge.to_id, edge.kind, edge.weight))
-                batch.put_record(record)
-            batch.put_record(survivor)
-        for record in absorbed:
-            channel.graph.remove(record.id)
-            channel.replace(record, policy, clocks, self._store)
-        for other, kind, weight in moved:
-            channel.graph.add(survivor.id, other, kind, weight)
-        channel.replace(survivor, policy, clocks, self._store)
+                        change.link(survivor.id, edge.to_id, edge.kind, edge.weight)
+                change.put(record)
+            change.put(survivor)
 
     def _promote(
         self, channel: Channel, policy: ChannelPolicy, clocks: Clocks, scope: list[str]
@@ -288,7 +253,7 @@ class Dreamer:
                 update.memory_type = new_type
                 promoted += 1
                 changed[memory_id] = update
-        self._write(channel, changed.values(), policy, clocks)
+        self._write(channel, changed.values())
         return keystoned, promoted
 
     def _ghosts(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> tuple[int, int]:
@@ -305,18 +270,11 @@ class Dreamer:
                     if "echo" not in channel.graph.kinds(a, b):
                         echoes.add((a, b))
         doomed = [g for g in ghosts if current_heat(g, policy, clocks) < PRUNE_HEAT]
-        with self._store.batch() as batch:
+        with changing(self._store, channel) as change:
             for a, b in sorted(echoes):
-                batch.put_edge(channel.name, a, b, "echo", 0.5)
+                change.link(a, b, "echo", 0.5)
             for ghost in doomed:
-                for edge in channel.graph.edges(ghost.id):
-                    batch.delete_edge(channel.name, edge.from_id, edge.to_id, edge.kind)
-                batch.put_record(replace(ghost, state=DELETED, text="", updated_at=clocks.now))
-                batch.delete_vector(channel.name, ghost.id)
-        for a, b in echoes:
-            channel.graph.add(a, b, "echo", 0.5)
-        for ghost in doomed:
-            channel.forget(replace(ghost, state=DELETED, text="", updated_at=clocks.now))
+                change.forget(ghost, clocks.now)
         return len(echoes), len(doomed)
 
     def _archive(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
@@ -331,7 +289,7 @@ class Dreamer:
             and r.importance < ARCHIVE_IMPORTANCE
             and r.recall_count < ARCHIVE_RECALLS
         ]
-        self._write(channel, old, policy, clocks)
+        self._write(channel, old)
         return len(old)
 
 

@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from calor.models.entities import entity_key
+from calor.server.changes import Bookkeeping, changing
 from calor.server.channel import Channel
 from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
-from calor.server.dream import Dreamer, DreamReport, conflict_key
+from calor.server.dream import Dreamer, DreamReport
 from calor.server.errors import InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.graph import Edge
@@ -36,7 +36,7 @@ from calor.server.recall_effects import recall_effects
 from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
 from calor.server.registry import ChannelRegistry
 from calor.server.results import ChannelStatus, RecallResult, Stored
-from calor.server.store import BatchWrites, MemoryStore
+from calor.server.store import MemoryStore
 from calor.server.storing import StorePipeline
 from calor.server.temporal import TimeWindow
 
@@ -58,7 +58,7 @@ class MemoryEngine:
         self._store = store
         self._clock = clock
         self._reg = ChannelRegistry(store, clock, policy)
-        self._dreamer = Dreamer(self._reg, store)
+        self._dreamer = Dreamer(store)
         self._storing = StorePipeline(self._reg, store, clock)
         self.background: Callable[[Callable[[], object]], object] = lambda work: work()
 
@@ -144,7 +144,7 @@ class MemoryEngine:
         window: TimeWindow | None,
         mine: bool,
     ) -> list[Hit]:
-        policy, clocks = self._reg.policy(channel.name), self._reg.clocks(channel)
+        policy, clocks = channel.policy, channel.clocks()
         indexes = (channel.index, channel.attic) if query.include_archived else (channel.index,)
         rank = rank_channel  # over the live index, and the attic when asked
         return [
@@ -155,23 +155,20 @@ class MemoryEngine:
 
     def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
         """Bump the recalled memories, spread their heat, warm the channel; one batch."""
-        policy = self._reg.policy(channel.name)
+        policy = channel.policy
         clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
         effects = recall_effects(channel, [h.record.id for h in hits], policy, clocks)
-        with self._store.batch() as batch:
+        with changing(self._store, channel) as change:
             for record in effects.changed.values():
-                batch.put_record(record)
+                change.put(record)
             warm = sorted(set(effects.changed) - set(effects.recalled))
             warmed = ",".join(warm[:_RESONATED_LOGGED])
             for memory_id in effects.recalled:
                 record = effects.changed[memory_id]
-                batch.append_event(
+                change.log(
                     memory_event("on_recall", record, clocks.now, record.heat0, resonated=warmed)
                 )
-            batch.put_channel_state(channel.name, effects.state.to_json())
-        channel.state = effects.state
-        for record in effects.changed.values():
-            channel.replace(record, policy, clocks, self._store)
+            change.set_state(effects.state)
         for hit in hits:
             if hit.record.id in effects.changed:
                 hit.record = replace(effects.changed[hit.record.id])
@@ -179,19 +176,19 @@ class MemoryEngine:
     def _migrate_due(self, channel: Channel) -> None:
         """Persist the state changes whose moment has come (COLD, cold storage, ghosts),
         and count a consolidation sweep when enough memories turned cold."""
-        policy = self._reg.policy(channel.name)
-        clocks = self._reg.clocks(channel)
-        due = channel.due_transitions(policy, clocks)
+        policy = channel.policy
+        clocks = channel.clocks()
+        due = channel.due_transitions()
         if not due:
             return
         sweep = channel.cold_since_sweep >= policy.cold_count_trigger
         state = replace(channel.state, sweeps=channel.state.sweeps + 1) if sweep else None
-        with self._store.batch() as batch:
+        with changing(self._store, channel) as change:
             for record in due:
-                batch.put_record(record)
+                change.put(record)
                 if record.state == COLD and channel.records[record.id].state == ACTIVE:
                     heat = current_heat(record, policy, clocks)
-                    batch.append_event(
+                    change.log(
                         memory_event(
                             "on_decay",
                             record,
@@ -201,14 +198,11 @@ class MemoryEngine:
                         )
                     )
             if state is not None:
-                batch.put_channel_state(channel.name, state.to_json())
-        for record in due:
-            channel.replace(record, policy, clocks, self._store)
+                change.set_state(state)
         if state is not None:
             # The consolidation sweep: the cold memories' heat and states are now
             # materialised and due migrations done (above); a dream over the cold
             # memories follows, off this call (DESIGN §6).
-            channel.state = state
             channel.cold_since_sweep = 0
             name = channel.name
             self.background(lambda: self.dream(name, cold_only=True))
@@ -253,17 +247,15 @@ class MemoryEngine:
         """The memories linked to one memory."""
         return self._reg.neighbours(channel, memory_id)
 
-    def log(self, *events: EventRecord, extra: BatchWrites | None = None) -> None:
+    def log(self, *events: EventRecord, extra: Bookkeeping = ()) -> None:
         """Append events that change no memory (notifications, webhook outcomes).
 
         ``extra`` adds the caller's own writes (a trigger's cursor and bookkeeping) to
         the same atomic batch, so both are durable or neither is.
         """
-        with self._store.batch() as batch:
-            for event in events:
-                batch.append_event(event)
-            if extra is not None:
-                extra(batch)
+        with changing(self._store, None) as change:
+            change.log(*events)
+            change.keep(extra)
 
     # --- changes ---------------------------------------------------------------
 
@@ -274,16 +266,15 @@ class MemoryEngine:
         edit: _Edit,
         event: str = "",
         cause: Cause | None = None,
-        extra: BatchWrites | None = None,
+        extra: Bookkeeping = (),
     ) -> list[MemoryRecord]:
         """Apply ``edit`` to each memory (one channel), in one batch with ``extra``."""
         if not memory_ids:
             self.log(extra=extra)
             return []
         live = self._reg.existing(channel, memory_ids[0])
-        policy = self._reg.policy(channel)
         with live.lock:
-            clocks = self._reg.clocks(live)
+            policy, clocks = live.policy, live.clocks()
             changes: list[MemoryRecord] = []
             for memory_id in dict.fromkeys(memory_ids):
                 current = self._get(live, memory_id)
@@ -293,18 +284,13 @@ class MemoryEngine:
                 edit(changed, policy, clocks)
                 refresh_utility(changed, clocks.now)
                 changes.append(changed)
-            with self._store.batch() as batch:
+            with changing(self._store, live) as change:
                 for changed in changes:
-                    batch.put_record(changed)
+                    change.put(changed)
                     if event:
                         heat = current_heat(changed, policy, clocks)
-                        batch.append_event(
-                            memory_event(event, changed, clocks.now, heat, cause=cause)
-                        )
-                if extra is not None:
-                    extra(batch)
-            for changed in changes:
-                live.replace(changed, policy, clocks, self._store)
+                        change.log(memory_event(event, changed, clocks.now, heat, cause=cause))
+                change.keep(extra)
             return [replace(changed) for changed in changes]
 
     # A trigger's action passes ``cause`` and, as ``extra``, its cursor and bookkeeping
@@ -317,7 +303,7 @@ class MemoryEngine:
         memory_id: str,
         on: bool,
         cause: Cause | None = None,
-        extra: BatchWrites | None = None,
+        extra: Bookkeeping = (),
     ) -> MemoryRecord:
         """Pin (keystone) or unpin a memory; a trigger's pin is logged as a ``pin`` event."""
         [changed] = self._change(
@@ -336,7 +322,7 @@ class MemoryEngine:
         memory_id: str,
         delta: float,
         cause: Cause | None = None,
-        extra: BatchWrites | None = None,
+        extra: Bookkeeping = (),
     ) -> MemoryRecord:
         """Add heat to a memory; 0 means the channel's ``boost_delta``."""
         [changed] = self.boost_all(channel, [memory_id], delta, cause, extra)
@@ -348,7 +334,7 @@ class MemoryEngine:
         memory_ids: Sequence[str],
         delta: float,
         cause: Cause | None = None,
-        extra: BatchWrites | None = None,
+        extra: Bookkeeping = (),
     ) -> list[MemoryRecord]:
         """Add heat to several memories of a channel in one batch (a trigger's boost of
         a memory's neighbours); none is boosted if one cannot be."""
@@ -367,7 +353,7 @@ class MemoryEngine:
         memory_id: str,
         tags: dict[str, str],
         cause: Cause | None = None,
-        extra: BatchWrites | None = None,
+        extra: Bookkeeping = (),
     ) -> MemoryRecord:
         """Add tags to a memory (a trigger's ``tag`` action)."""
 
@@ -383,7 +369,7 @@ class MemoryEngine:
         channel: str,
         memory_id: str,
         cause: Cause | None = None,
-        extra: BatchWrites | None = None,
+        extra: Bookkeeping = (),
     ) -> MemoryRecord:
         """Mark a memory superseded (a trigger's ``deprecate`` action)."""
 
@@ -402,16 +388,15 @@ class MemoryEngine:
             for memory_id in (from_id, to_id):
                 if self._get(live, memory_id).state == DELETED:
                     raise NotFoundError(f"memory {memory_id} was forgotten")
-            with self._store.batch() as batch:
-                batch.put_edge(channel, from_id, to_id, "manual", weight)
-            return live.graph.add(from_id, to_id, "manual", weight)
+            with changing(self._store, live) as change:
+                edge = change.link(from_id, to_id, "manual", weight)
+            return edge
 
     def update(self, change: UpdateChange, vector: np.ndarray | None) -> MemoryRecord:
         """Correct a memory; a new text comes with its new embedding."""
         live = self._reg.existing(change.channel, change.memory_id)
-        policy = self._reg.policy(change.channel)
         with live.lock:
-            clocks = self._reg.clocks(live)
+            policy, clocks = live.policy, live.clocks()
             current = self._get(live, change.memory_id)
             if current.state == DELETED:
                 raise NotFoundError(f"memory {change.memory_id} was forgotten")
@@ -425,22 +410,12 @@ class MemoryEngine:
             changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
             change.apply(changed, clocks.now)
             refresh_utility(changed, clocks.now)
-            resolved = live.conflicts_of(changed.id) if change.text is not None else []
-            with self._store.batch() as batch:
-                batch.put_record(changed)
-                if vector is not None:
-                    batch.put_vector(changed.channel, changed.id, vector)
+            with changing(self._store, live) as writing:
                 if older is not None:
-                    batch.put_record(older)
-                for a, b in resolved:  # a corrected text settles its conflicts
-                    batch.delete_raw(conflict_key(live.name, a, b))
-            for pair in resolved:
-                live.conflicts.pop(pair, None)
-            if older is not None:
-                live.replace(older, policy, clocks, self._store)
-            live.replace(changed, policy, clocks, self._store, vector)
-            for entity in changed.entities:
-                live.entity_members.setdefault(entity_key(entity), []).append(changed.id)
+                    writing.put(older)
+                writing.put(changed, vector)
+                if change.text is not None:  # a corrected text settles its conflicts
+                    writing.settle_all(changed.id)
             return replace(changed)
 
     def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
@@ -455,22 +430,12 @@ class MemoryEngine:
                 record = live.records.get(memory_id)
                 if record is None or record.state == DELETED:
                     continue
-                gone.append(replace(record, state=DELETED, text="", updated_at=now))
+                gone.append(record)
             if not gone:
                 return 0  # nothing to forget: write nothing
-            settled = [pair for record in gone for pair in live.conflicts_of(record.id)]
-            with self._store.batch() as batch:
+            with changing(self._store, live) as change:
                 for record in gone:
-                    batch.put_record(record)
-                    batch.delete_vector(channel, record.id)
-                    for edge in live.graph.edges(record.id):
-                        batch.delete_edge(channel, edge.from_id, edge.to_id, edge.kind)
-                for a, b in settled:
-                    batch.delete_raw(conflict_key(channel, a, b))
-            for record in gone:
-                live.forget(record)
-            for pair in settled:
-                live.conflicts.pop(pair, None)
+                    change.forget(record, now)
             return len(gone)
 
     # --- dreams ----------------------------------------------------------------
@@ -495,7 +460,7 @@ class MemoryEngine:
         live = self._reg.channel(channel) if entropy else self._reg.find(channel)
         if live is None:
             return 0, None
-        accumulated, crossed = self._dreamer.add_entropy(live, self._reg.policy(channel), entropy)
+        accumulated, crossed = self._dreamer.add_entropy(live, entropy)
         return accumulated, self.dream(channel) if crossed else None
 
     def conflicts(self, channel: str) -> list[tuple[str, str, str]]:

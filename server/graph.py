@@ -53,6 +53,22 @@ class Graph:
             dropped.extend(Edge(memory_id, other, k, w) for k, w in kinds.items())
         return dropped
 
+    def unlink(self, a: str, b: str, kind: str) -> None:
+        """Drop the edge of one kind between two memories, if there is one."""
+        for here, there in ((a, b), (b, a)):
+            kinds = self._adjacent.get(here, {}).get(there)
+            if kinds is None:
+                continue
+            kinds.pop(kind, None)
+            if not kinds:
+                del self._adjacent[here][there]
+                if not self._adjacent[here]:
+                    del self._adjacent[here]
+
+    def weight(self, a: str, b: str, kind: str) -> float | None:
+        """The weight of the edge of one kind between two memories, or None."""
+        return self._adjacent.get(a, {}).get(b, {}).get(kind)
+
     def neighbours(self, memory_id: str) -> Iterable[str]:
         """The memories linked to this one."""
         return self._adjacent.get(memory_id, {}).keys()

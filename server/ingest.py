@@ -1,7 +1,8 @@
 """The store pipeline after embedding (DESIGN §4): novelty, type, entities, utility, links.
 
-Pure with respect to storage: it reads the channel's live view and returns the records
-and edges to write; the engine writes them in one atomic batch.
+Pure: it reads the channel's view (never writing to it) plus what earlier items of the
+same batch added, and returns the records and edges to write; the engine commits them
+as one change, and only then does the view take them in.
 """
 
 from __future__ import annotations
@@ -42,12 +43,32 @@ _FAMILIAR, _NOVEL = 0.85, 0.50
 
 @dataclass
 class Neighbourhood:
-    """What a channel already holds that a new memory may link to."""
+    """What a channel already holds that a new memory may link to, read-only, and what
+    earlier items of the batch being built added (kept here, apart)."""
 
     index: ChannelIndex
     records: Mapping[str, MemoryRecord]
-    entity_members: dict[str, list[str]]
-    last_in_session: dict[str, tuple[str, float]]
+    entity_members: Mapping[str, list[str]]
+    last_in_session: Mapping[str, tuple[str, float]]
+    added_members: dict[str, list[str]] = field(default_factory=dict)
+    added_last: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def members(self, key: str) -> list[str]:
+        """The memories naming an entity, the batch's own last."""
+        added = self.added_members.get(key)
+        held = self.entity_members.get(key, [])
+        return held if added is None else [*held, *added]
+
+    def last(self, session: str) -> tuple[str, float] | None:
+        """The latest memory of a session stream, the batch's own first."""
+        return self.added_last.get(session) or self.last_in_session.get(session)
+
+    def remember(self, record: MemoryRecord) -> None:
+        """Let later items of the same batch link to this record."""
+        for entity in dict.fromkeys(entity_key(e) for e in record.entities):
+            self.added_members.setdefault(entity, []).append(record.id)
+        if record.session:
+            self.added_last[record.session] = (record.id, record.created_at)
 
 
 @dataclass
@@ -117,7 +138,7 @@ def build_records(
                     interactions + position + 1,
                 )
             )
-            _remember(out[-1].record, hood)
+            hood.remember(out[-1].record)
         earlier.add([entry.record.id for entry in out[start:]], chunk)
     return out
 
@@ -182,23 +203,15 @@ def _links(
         if similarity >= policy.semantic_link_threshold:
             edges[(other, "semantic")] = Edge(record.id, other, "semantic", similarity)
     for entity in record.entities:
-        members = hood.entity_members.get(entity_key(entity), [])
+        members = hood.members(entity_key(entity))
         if len(members) > ENTITY_HUB:
             continue  # named in so many memories it tells them apart no more than "the"
         for other in members[-policy.entity_link_max :]:
             edges.setdefault((other, "entity"), Edge(record.id, other, "entity", 1.0))
     if record.session:
-        last = hood.last_in_session.get(record.session)
+        last = hood.last(record.session)
         if last is not None:
             gap = abs(record.created_at - last[1])
             if record.session.startswith("tag:") or gap <= policy.session_gap_seconds:
                 edges[(last[0], "sequence")] = Edge(record.id, last[0], "sequence", 1.0)
     return list(edges.values())
-
-
-def _remember(record: MemoryRecord, hood: Neighbourhood) -> None:
-    """Let later items of the same batch link to this record."""
-    for entity in record.entities:
-        hood.entity_members.setdefault(entity_key(entity), []).append(record.id)
-    if record.session:
-        hood.last_in_session[record.session] = (record.id, record.created_at)

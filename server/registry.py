@@ -9,12 +9,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from calor.server.channel import Channel
+from calor.server.changes import Changes, changing, commit
+from calor.server.channel import Channel, conflict_pair
 from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery
 from calor.server.errors import NotFoundError
-from calor.server.lifecycle import Clocks, crossing_at, current_heat, evolve
+from calor.server.lifecycle import crossing_at, current_heat
 from calor.server.policy import ChannelPolicy
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.results import ChannelStatus
@@ -24,46 +25,39 @@ __all__ = ["ChannelRegistry"]
 
 
 class ChannelRegistry:
-    """Every channel's live view and policy; channels come into being on first write."""
+    """Every channel's live view; channels come into being on first write."""
 
     def __init__(self, store: MemoryStore, clock: Clock, default_policy: ChannelPolicy) -> None:
         self._store = store
         self._clock = clock
         self._default_policy = default_policy
         self._channels: dict[str, Channel] = {}
-        self._policies: dict[str, ChannelPolicy] = {}
         self._lock = threading.Lock()
 
     def rebuild(self) -> None:
-        """Load policies, channel states, records, edges and embeddings from the store."""
+        """Load policies, channel states, records, edges, conflicts and embeddings."""
         for name, data in self._store.policies():
-            self._policies[name] = ChannelPolicy.from_json(data)
-            self.channel(name)  # a channel with only its settings exists too
+            self.channel(name).policy = ChannelPolicy.from_json(data)
         for name, data in self._store.channel_states():
             self.channel(name).state = ChannelState.from_json(data)
         for record in self._store.records():
             self.channel(record.channel).remember(record)
         for name, a, b, kind, weight in self._store.edges():
             self.channel(name).graph.add(a, b, kind, weight)
-        for key, reason in self._store.scan_raw(b"x:"):
-            name, a, b = (part.decode() for part in key[2:].split(b"\x00"))
-            self.channel(name).conflicts[(a, b)] = reason.decode()
+        for name, a, b, reason in self._store.conflicts():
+            self.channel(name).conflicts[conflict_pair(a, b)] = reason
         pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
-        orphans: list[tuple[str, str]] = []
+        orphans: dict[str, Changes] = {}
         for name, memory_id, vector in self._store.vectors():
             owner = self._channels.get(name)
             known = owner.records.get(memory_id) if owner is not None else None
             if known is not None:
                 pending.setdefault(name, []).append((known, vector))
-            else:
-                orphans.append((name, memory_id))
-        if orphans:  # written ahead by a bulk store whose records never were
-            with self._store.batch() as batch:
-                for name, memory_id in orphans:
-                    batch.delete_vector(name, memory_id)
+            else:  # written ahead by a bulk store whose records never were
+                orphans.setdefault(name, Changes(name)).drop_vector(memory_id)
+        commit(self._store, list(orphans.values()))
         for name, entries in pending.items():
-            channel = self._channels[name]
-            channel.index_all(entries, self.policy(name), self.clocks(channel))
+            self._channels[name].index_all(entries)
 
     def channel(self, name: str) -> Channel:
         """A channel's view, made empty if it does not exist yet: for writes only, which
@@ -71,7 +65,7 @@ class ChannelRegistry:
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
-                channel = Channel(name, self._store.dim)
+                channel = Channel(name, self._store.dim, self._default_policy, self._clock)
                 self._channels[name] = channel
             return channel
 
@@ -86,47 +80,43 @@ class ChannelRegistry:
             raise NotFoundError(f"no memory {memory_id} in channel {name!r}")
         return channel
 
-    def clocks(self, channel: Channel | None) -> Clocks:
-        """Now, on both of a channel's clocks."""
-        interactions = channel.state.interactions if channel is not None else 0
-        return Clocks(self._clock.now(), interactions)
-
     def policy(self, name: str) -> ChannelPolicy:
         """The policy in force in a channel."""
-        return self._policies.get(name, self._default_policy)
+        channel = self._channels.get(name)
+        return channel.policy if channel is not None else self._default_policy
 
     def set_policy(self, name: str, policy: ChannelPolicy) -> ChannelPolicy:
         """Make ``policy`` the channel's own from now on (durably); every read uses it."""
         channel = self.channel(name)
-        with channel.lock:
-            with self._store.batch() as batch:
-                batch.put_policy(name, policy.to_json())
-            self._policies[name] = policy
-            channel.reschedule(policy)
+        with channel.lock, changing(self._store, channel) as change:
+            change.set_policy(policy)
         return policy
 
     def evolved(self, record: MemoryRecord) -> MemoryRecord:
         """The record as it stands now (promotion and state transitions applied)."""
-        clocks = self.clocks(self._channels.get(record.channel))
-        return evolve(record, self.policy(record.channel), clocks)
+        return self._view_of(record).evolved(record)
 
     def heat(self, record: MemoryRecord) -> float:
         """A memory's heat now."""
-        clocks = self.clocks(self._channels.get(record.channel))
-        policy = self.policy(record.channel)
-        return current_heat(evolve(record, policy, clocks), policy, clocks)
+        return self._view_of(record).heat(record)
+
+    def _view_of(self, record: MemoryRecord) -> Channel:
+        """The view of a record's channel; an unregistered empty one if there is none."""
+        found = self._channels.get(record.channel)
+        if found is None:
+            return Channel(record.channel, self._store.dim, self._default_policy, self._clock)
+        return found
 
     def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
         channel = self.find(query.channel)
         if channel is None:
             return [], ""
-        policy = self.policy(query.channel)
         page: list[MemoryRecord] = []
         with channel.lock:
-            clocks = self.clocks(channel)
+            clocks = channel.clocks()
             for memory_id in channel.ids_after(query.after_id):
-                record = evolve(channel.records[memory_id], policy, clocks)
+                record = channel.evolved(channel.records[memory_id], clocks)
                 if not query.matches(record):
                     continue
                 if len(page) == query.page_size:
@@ -139,11 +129,10 @@ class ChannelRegistry:
         live = self.find(channel)
         if live is None:
             return ChannelStatus(0, {}, {}, 0.0)
-        policy = self.policy(channel)
         with live.lock:
-            clocks = self.clocks(live)
-            evolved = [evolve(r, policy, clocks) for r in live.records.values()]
-            heat = live.state.heat(policy, clocks.now)
+            clocks = live.clocks()
+            evolved = [live.evolved(r, clocks) for r in live.records.values()]
+            heat = live.state.heat(live.policy, clocks.now)
             sweeps, interactions = live.state.sweeps, live.state.interactions
         states = Counter(r.state for r in evolved)
         types = Counter(r.memory_type for r in evolved if r.state != DELETED)
@@ -161,18 +150,17 @@ class ChannelRegistry:
         live = self.find(channel)
         if live is None:
             return None
-        policy = self.policy(channel)
         with live.lock:
             record = live.records.get(memory_id)
             if record is None:
                 return None
-            clocks = self.clocks(live)
-            record = evolve(record, policy, clocks)
-            level = policy.cold_threshold if threshold is None else threshold
-            moment = crossing_at(record, policy, level)
+            clocks = live.clocks()
+            record = live.evolved(record, clocks)
+            level = live.policy.cold_threshold if threshold is None else threshold
+            moment = crossing_at(record, live.policy, level)
             if moment is None:
                 return None
-            return moment, record.t0, current_heat(record, policy, clocks)
+            return moment, record.t0, current_heat(record, live.policy, clocks)
 
     def memory_ids(self, channel: str) -> list[str]:
         """Every memory id of a channel (tombstones included), in id order."""

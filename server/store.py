@@ -1,28 +1,39 @@
-"""RocksDB, the source of truth: key schema, atomic write batches, and recovery reads.
+"""RocksDB, the source of truth: the whole on-disk schema, its migrations, atomic commits
+of change lists, and the reads recovery and the trigger engine need.
 
-Key schema (raw bytes; channel names never hold NUL):
+Schema version 2. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
 
-    meta:schema                 JSON {schema_version, model_id, dim}
-    m:<channel>\\0<id>           MemoryRecord JSON
-    v:<channel>\\0<id>           float32 embedding, little-endian
-    i:<channel>\\0<key>          id stored under an idempotency key
-    p:<channel>                 the channel's policy (settings) JSON
-    c:<channel>                 the channel's own state JSON (heat, interactions, entropy)
-    e:<channel>\\0<a>\\0<b>\\0<kind>  edge weight (a < b; edges are undirected)
-    l:<seq, 8 bytes big-endian>  EventRecord JSON: the event log, numbered at commit
-    t:, h:, d:, s:, o:          the trigger engine's records (see calor.triggers)
+    meta:schema                        JSON {schema_version, model_id, dim}
+    meta:migrations                    JSON list of the migrations this store went through
+    m:<channel>\\0<id>                  MemoryRecord JSON
+    v:<channel>\\0<id>                  float32 embedding, little-endian
+    i:<channel>\\0<key>                 id of the memory stored under an idempotency key
+    p:<channel>                        the channel's policy (settings) JSON
+    c:<channel>                        the channel's own state JSON (heat, interactions, ...)
+    e:<channel>\\0<a>\\0<b>\\0<kind>       edge weight as text (a < b; edges are undirected)
+    x:<channel>\\0<a>\\0<b>              an open conflict's reason (a < b)
+    l:<seq, 8 bytes big-endian>        EventRecord JSON: the event log, numbered at commit
+    t:<trigger id>                     TriggerRule JSON
+    f:<trigger id>                     the trigger's fire counter JSON
+    h:<trigger id>\\0<order, 8 bytes>   a firing of the trigger (its history) JSON
+    d:<trigger id>\\0<memory id>        t0 of the heat trajectory whose decay already fired
+    s:cursor                           the trigger dispatcher's place in the log JSON
+    s:watermark                        time up to which decay crossings were handled
+    o:<idempotency key>                a webhook delivery not yet finished JSON
 
-Every change goes through :meth:`MemoryStore.batch`, one atomic RocksDB write batch
-that is discarded if anything inside the block raises. With ``sync`` on, the
-write-ahead log is fsynced before the batch is acknowledged.
+Every key is built and parsed here (:class:`Keys` and the readers of
+:class:`MemoryStore`); other modules name keys only through :class:`Keys`. Every write
+is a list of change lists (:mod:`calor.server.ops`) committed by :meth:`MemoryStore.write`
+as one atomic RocksDB write batch; with ``sync`` on, the write-ahead log is fsynced
+before the write returns. A store written by an older schema version is brought up to
+date at open by named migrations, each recorded under ``meta:migrations``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -31,84 +42,194 @@ import rocksdict
 
 from calor.server.errors import StoreMismatchError, UnavailableError
 from calor.server.events import EventRecord
+from calor.server.ops import (
+    AddMemory,
+    ChangeList,
+    DeleteKey,
+    DropVector,
+    Forget,
+    Link,
+    Log,
+    OpenConflict,
+    Operation,
+    PutKey,
+    PutMemory,
+    SetPolicy,
+    SetState,
+    SettleConflict,
+    StageVector,
+    Unlink,
+)
 from calor.server.records import MemoryRecord
 
-__all__ = ["SCHEMA_VERSION", "BatchWrites", "MemoryStore", "WriteBatch", "event_key"]
+__all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
-SCHEMA_VERSION = 1
-_META = b"meta:schema"
+SCHEMA_VERSION = 2
 _SEP = b"\x00"
 
 
-def _key(prefix: bytes, channel: str, name: str) -> bytes:
-    return prefix + channel.encode() + _SEP + name.encode()
+def _join(prefix: bytes, *parts: str) -> bytes:
+    return prefix + _SEP.join(part.encode() for part in parts)
 
 
-def _edge_key(channel: str, a: str, b: str, kind: str) -> bytes:
-    low, high = (a, b) if a < b else (b, a)
-    return b"e:" + _SEP.join(part.encode() for part in (channel, low, high, kind))
+def _split(key: bytes) -> list[str]:
+    return [part.decode() for part in key[2:].split(_SEP)]
 
 
-def event_key(seq: int) -> bytes:
-    """The log key of an event: sequence numbers sort as keys."""
-    return b"l:" + seq.to_bytes(8, "big")
+def _seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
 
 
-class WriteBatch:
-    """Changes gathered for one atomic write; build it with :meth:`MemoryStore.batch`."""
+class Keys:
+    """Every key of the store, by name."""
 
-    def __init__(self) -> None:
-        self._batch = rocksdict.WriteBatch(raw_mode=True)
-        self.events: list[EventRecord] = []
+    META = b"meta:schema"
+    MIGRATIONS = b"meta:migrations"
+    CURSOR = b"s:cursor"
+    WATERMARK = b"s:watermark"
 
-    def append_event(self, event: EventRecord) -> None:
-        """Log an event with this batch; it gets its sequence number at commit."""
-        self.events.append(event)
+    @staticmethod
+    def memory(channel: str, memory_id: str) -> bytes:
+        """A memory's record."""
+        return _join(b"m:", channel, memory_id)
 
-    def put_raw(self, key: bytes, value: bytes) -> None:
-        """Write a key owned by another component (the trigger engine)."""
-        self._batch.put(key, value)
+    @staticmethod
+    def vector(channel: str, memory_id: str) -> bytes:
+        """A memory's embedding."""
+        return _join(b"v:", channel, memory_id)
 
-    def delete_raw(self, key: bytes) -> None:
-        """Drop a key owned by another component."""
-        self._batch.delete(key)
+    @staticmethod
+    def idempotency(channel: str, key: str) -> bytes:
+        """The memory a store with this idempotency key made."""
+        return _join(b"i:", channel, key)
 
-    def put_record(self, record: MemoryRecord) -> None:
-        """Write (or overwrite) a memory record."""
-        self._batch.put(_key(b"m:", record.channel, record.id), record.to_json())
+    @staticmethod
+    def policy(channel: str) -> bytes:
+        """A channel's settings."""
+        return b"p:" + channel.encode()
 
-    def put_vector(self, channel: str, memory_id: str, vector: np.ndarray) -> None:
-        """Write a memory's embedding."""
-        data = np.ascontiguousarray(vector, dtype="<f4").tobytes()
-        self._batch.put(_key(b"v:", channel, memory_id), data)
+    @staticmethod
+    def channel_state(channel: str) -> bytes:
+        """A channel's own state."""
+        return b"c:" + channel.encode()
 
-    def delete_vector(self, channel: str, memory_id: str) -> None:
-        """Drop a memory's embedding."""
-        self._batch.delete(_key(b"v:", channel, memory_id))
+    @staticmethod
+    def edge(channel: str, a: str, b: str, kind: str) -> bytes:
+        """An undirected edge (the smaller id first)."""
+        low, high = (a, b) if a < b else (b, a)
+        return _join(b"e:", channel, low, high, kind)
 
-    def put_policy(self, channel: str, policy: bytes) -> None:
-        """Write a channel's policy (settings) as JSON."""
-        self._batch.put(b"p:" + channel.encode(), policy)
+    @staticmethod
+    def conflict(channel: str, a: str, b: str) -> bytes:
+        """An open conflict between two memories (the smaller id first)."""
+        low, high = (a, b) if a < b else (b, a)
+        return _join(b"x:", channel, low, high)
 
-    def put_channel_state(self, channel: str, state: bytes) -> None:
-        """Write a channel's own state JSON."""
-        self._batch.put(b"c:" + channel.encode(), state)
+    @staticmethod
+    def event(seq: int) -> bytes:
+        """A logged event: sequence numbers sort as keys."""
+        return b"l:" + _seq_bytes(seq)
 
-    def put_edge(self, channel: str, a: str, b: str, kind: str, weight: float) -> None:
-        """Write an undirected edge (stored once, under the smaller id first)."""
-        self._batch.put(_edge_key(channel, a, b, kind), repr(float(weight)).encode())
+    @staticmethod
+    def trigger(trigger_id: str) -> bytes:
+        """A trigger's rule."""
+        return b"t:" + trigger_id.encode()
 
-    def delete_edge(self, channel: str, a: str, b: str, kind: str) -> None:
-        """Drop an undirected edge."""
-        self._batch.delete(_edge_key(channel, a, b, kind))
+    @staticmethod
+    def fire_counter(trigger_id: str) -> bytes:
+        """How often a trigger fired, and when last."""
+        return b"f:" + trigger_id.encode()
 
-    def put_idempotency(self, channel: str, key: str, memory_id: str) -> None:
-        """Remember which memory a store with this idempotency key made."""
-        self._batch.put(_key(b"i:", channel, key), memory_id.encode())
+    @staticmethod
+    def firing(trigger_id: str, order: int) -> bytes:
+        """One entry of a trigger's history."""
+        return _join(b"h:", trigger_id) + _SEP + _seq_bytes(order)
+
+    @staticmethod
+    def decay_mark(trigger_id: str, memory_id: str) -> bytes:
+        """The heat trajectory of a memory whose decay crossing a trigger fired for."""
+        return _join(b"d:", trigger_id, memory_id)
+
+    @staticmethod
+    def delivery(idempotency_key: str) -> bytes:
+        """A webhook delivery in the outbox."""
+        return b"o:" + idempotency_key.encode()
 
 
-# Writes a caller adds to another component's batch (a trigger's cursor beside its action).
-BatchWrites = Callable[[WriteBatch], None]
+def _vector_bytes(vector: np.ndarray) -> bytes:
+    return np.ascontiguousarray(vector, dtype="<f4").tobytes()
+
+
+def _put_ops(batch: rocksdict.WriteBatch, change: ChangeList, events: list[EventRecord]) -> None:
+    """Add one change list's keys to ``batch``; its events go to ``events`` for numbering."""
+    for op in change.ops:
+        if isinstance(op, Log):
+            events.append(op.event)
+        elif isinstance(op, AddMemory | PutMemory | Forget | StageVector | DropVector):
+            _put_memory_op(batch, change.channel, op)
+        else:
+            _put_channel_op(batch, change.channel, op)
+
+
+def _put_memory_op(
+    batch: rocksdict.WriteBatch,
+    name: str,
+    op: AddMemory | PutMemory | Forget | StageVector | DropVector,
+) -> None:
+    match op:
+        case AddMemory(record, vector, staged):
+            batch.put(Keys.memory(name, record.id), record.to_json())
+            if not staged:
+                batch.put(Keys.vector(name, record.id), _vector_bytes(vector))
+            if record.idempotency_key:
+                batch.put(Keys.idempotency(name, record.idempotency_key), record.id.encode())
+        case PutMemory(record, vector):
+            batch.put(Keys.memory(name, record.id), record.to_json())
+            if vector is not None:
+                batch.put(Keys.vector(name, record.id), _vector_bytes(vector))
+        case Forget(record):
+            batch.put(Keys.memory(name, record.id), record.to_json())
+            batch.delete(Keys.vector(name, record.id))
+        case StageVector(memory_id, vector):
+            batch.put(Keys.vector(name, memory_id), _vector_bytes(vector))
+        case DropVector(memory_id):
+            batch.delete(Keys.vector(name, memory_id))
+
+
+def _put_channel_op(batch: rocksdict.WriteBatch, name: str, op: Operation) -> None:
+    match op:
+        case Link(a, b, kind, weight):
+            batch.put(Keys.edge(name, a, b, kind), repr(float(weight)).encode())
+        case Unlink(a, b, kind):
+            batch.delete(Keys.edge(name, a, b, kind))
+        case OpenConflict(a, b, reason):
+            batch.put(Keys.conflict(name, a, b), reason.encode())
+        case SettleConflict(a, b):
+            batch.delete(Keys.conflict(name, a, b))
+        case SetState(state):
+            batch.put(Keys.channel_state(name), state.to_json())
+        case SetPolicy(policy):
+            batch.put(Keys.policy(name), policy.to_json())
+        case PutKey(key, value):
+            batch.put(key, value)
+        case DeleteKey(key):
+            batch.delete(key)
+
+
+# A migration brings a store from the version before it to its own: (version, name, step).
+_Migration = tuple[int, str, Callable[[rocksdict.Rdict], None]]
+
+
+def _cursor_as_json(db: rocksdict.Rdict) -> None:
+    """Version 2: the trigger cursor, once a bare sequence number, becomes JSON."""
+    saved = db.get(Keys.CURSOR)
+    if saved is not None and not bytes(saved).startswith(b"{"):
+        db.put(Keys.CURSOR, json.dumps({"seq": int(saved), "done": []}).encode())
+
+
+_MIGRATIONS: list[_Migration] = [
+    (2, "cursor_as_json", _cursor_as_json),
+]
 
 
 class MemoryStore:
@@ -142,64 +263,92 @@ class MemoryStore:
 
     @classmethod
     def open(cls, path: Path, *, model_id: str, dim: int, sync: bool = True) -> MemoryStore:
-        """Open (or create) the store at ``path`` for embeddings of ``model_id``.
+        """Open (or create) the store at ``path`` for embeddings of ``model_id``; a store
+        of an older schema version is migrated first.
 
         Raises:
-            StoreMismatchError: the store was written by another schema or model.
+            StoreMismatchError: the store was written by another model, or by a newer
+                version of Calor.
         """
         path.mkdir(parents=True, exist_ok=True)
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         db = rocksdict.Rdict(str(path / "rocksdb"), options)
         expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
-        found = db.get(_META)
+        found = db.get(Keys.META)
         if found is None:
-            write_options = rocksdict.WriteOptions()
-            write_options.sync = True
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            batch.put(_META, json.dumps(expected).encode())
-            db.write(batch, write_options)
+            _write_meta(db, expected, [])
         else:
             meta = json.loads(found)
-            if meta != expected:
+            version = int(meta.get("schema_version", 0))
+            wrong_model = (meta.get("model_id"), meta.get("dim")) != (model_id, dim)
+            if wrong_model or version > SCHEMA_VERSION:
                 db.close()
                 raise StoreMismatchError(
                     f"the store at {path} was made with {meta}, this server runs {expected}; "
                     "point --data-dir elsewhere or re-import the memories"
                 )
+            if version < SCHEMA_VERSION:
+                _migrate(db, version, expected)
         return cls(db, path, dim, sync)
 
-    @contextmanager
-    def batch(self) -> Iterator[WriteBatch]:
-        """Gather changes and write them atomically when the block ends without error."""
-        batch = WriteBatch()
-        yield batch
+    def migrations(self) -> list[str]:
+        """The names of the migrations this store went through, oldest first."""
         self._check_open()
+        data = self._db.get(Keys.MIGRATIONS)
+        return [] if data is None else list(json.loads(data))
+
+    # --- writes --------------------------------------------------------------------
+
+    def write(self, changes: Sequence[ChangeList]) -> list[EventRecord]:
+        """Commit change lists as one atomic write batch; returns their numbered events.
+
+        Events are numbered at commit, in order, and handed to the commit listeners.
+        """
+        self._check_open()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        events: list[EventRecord] = []
+        for change in changes:
+            _put_ops(batch, change, events)
         with self._commit_lock:
-            events = [e.with_seq(self.last_seq + n) for n, e in enumerate(batch.events, 1)]
-            for event in events:
-                batch._batch.put(event_key(event.seq), event.to_json())
-            self._db.write(batch._batch, self._write_options)
-            if events:
-                self.last_seq = events[-1].seq
+            numbered = [e.with_seq(self.last_seq + n) for n, e in enumerate(events, 1)]
+            for event in numbered:
+                batch.put(Keys.event(event.seq), event.to_json())
+            self._db.write(batch, self._write_options)
+            if numbered:
+                self.last_seq = numbered[-1].seq
                 for listener in self._listeners:
-                    listener(events)
+                    listener(numbered)
+        return numbered
+
+    def trim_events(self, keep_after: int) -> None:
+        """Drop logged events numbered up to ``keep_after`` (retention)."""
+        self._check_open()
+        self._db.delete_range(Keys.event(0), Keys.event(keep_after + 1))
+
+    # --- memories ------------------------------------------------------------------
 
     def get_vector(self, channel: str, memory_id: str) -> np.ndarray | None:
         """The embedding of one memory, or None."""
         self._check_open()
-        data = self._db.get(_key(b"v:", channel, memory_id))
+        data = self._db.get(Keys.vector(channel, memory_id))
         return None if data is None else np.frombuffer(data, dtype="<f4").astype(np.float32)
 
     def idempotent_id(self, channel: str, key: str) -> str | None:
         """The id a store with this idempotency key made in this channel, if any."""
         self._check_open()
-        data = self._db.get(_key(b"i:", channel, key))
+        data = self._db.get(Keys.idempotency(channel, key))
         return None if data is None else bytes(data).decode()
+
+    def idempotency_keys(self) -> Iterator[tuple[str, str, str]]:
+        """Every idempotency entry as (channel, key, memory id)."""
+        for key, value in self._scan(b"i:"):
+            channel, _, name = key[2:].partition(_SEP)
+            yield channel.decode(), name.decode(), value.decode()
 
     def records(self, channel: str | None = None) -> Iterator[MemoryRecord]:
         """Every record, of one channel or of all, in key order."""
-        prefix = b"m:" if channel is None else b"m:" + channel.encode() + _SEP
+        prefix = b"m:" if channel is None else Keys.memory(channel, "")
         for _, value in self._scan(prefix):
             yield MemoryRecord.from_json(value)
 
@@ -216,8 +365,14 @@ class MemoryStore:
     def edges(self) -> Iterator[tuple[str, str, str, str, float]]:
         """Every stored edge as (channel, a, b, kind, weight)."""
         for key, value in self._scan(b"e:"):
-            channel, a, b, kind = (part.decode() for part in key[2:].split(_SEP))
+            channel, a, b, kind = _split(key)
             yield channel, a, b, kind, float(value)
+
+    def conflicts(self) -> Iterator[tuple[str, str, str, str]]:
+        """Every open conflict as (channel, a, b, reason)."""
+        for key, value in self._scan(b"x:"):
+            channel, a, b = _split(key)
+            yield channel, a, b, value.decode()
 
     def vectors(self) -> Iterator[tuple[str, str, np.ndarray]]:
         """Every stored embedding as (channel, id, vector)."""
@@ -225,14 +380,21 @@ class MemoryStore:
             channel, _, memory_id = key[2:].partition(_SEP)
             yield channel.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
 
+    # --- the event log -------------------------------------------------------------
+
     def events_after(self, seq: int, limit: int = 1000) -> list[EventRecord]:
         """Logged events with a sequence number above ``seq``, oldest first."""
         found: list[EventRecord] = []
-        for _, value in self._scan(b"l:", start=event_key(seq + 1)):
+        for _, value in self._scan(b"l:", start=Keys.event(seq + 1)):
             found.append(EventRecord.from_json(value))
             if len(found) >= limit:
                 break
         return found
+
+    def logged(self) -> Iterator[tuple[int, bytes]]:
+        """Every logged event as (the sequence number of its key, JSON), oldest first."""
+        for key, value in self._scan(b"l:"):
+            yield int.from_bytes(key[2:], "big"), value
 
     def first_seq(self) -> int:
         """The oldest sequence number the log still holds (0 when empty)."""
@@ -240,27 +402,45 @@ class MemoryStore:
             return int.from_bytes(key[2:], "big")
         return 0
 
-    def trim_events(self, keep_after: int) -> None:
-        """Drop logged events numbered up to ``keep_after`` (retention)."""
-        self._check_open()
-        self._db.delete_range(event_key(0), event_key(keep_after + 1))
+    # --- the trigger engine's records ----------------------------------------------
 
-    def get_raw(self, key: bytes) -> bytes | None:
-        """A key owned by another component."""
+    def trigger_rules(self) -> Iterator[bytes]:
+        """Every trigger's rule JSON, in id order."""
+        for _, value in self._scan(b"t:"):
+            yield value
+
+    def fire_counters(self) -> Iterator[tuple[str, bytes]]:
+        """Every trigger's fire counter as (trigger id, JSON)."""
+        for key, value in self._scan(b"f:"):
+            yield key[2:].decode(), value
+
+    def firings(self, trigger_id: str) -> Iterator[bytes]:
+        """A trigger's history entries (JSON), oldest first."""
+        for _, value in self._scan(_join(b"h:", trigger_id) + _SEP):
+            yield value
+
+    def last_firing_order(self, trigger_id: str) -> int:
+        """The order number of a trigger's latest history entry (0 if none)."""
+        last = self._last_key(_join(b"h:", trigger_id) + _SEP)
+        return 0 if last is None else int.from_bytes(last[-8:], "big")
+
+    def deliveries(self) -> Iterator[bytes]:
+        """Every webhook delivery in the outbox (JSON), in key order."""
+        for _, value in self._scan(b"o:"):
+            yield value
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value under one key built by :class:`Keys`, or None."""
         self._check_open()
         value = self._db.get(key)
         return None if value is None else cast(bytes, value)
 
-    def scan_raw(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every key under a prefix owned by another component, in key order."""
-        return self._scan(prefix)
+    # --- scanning ------------------------------------------------------------------
 
-    def last_key_raw(self, prefix: bytes) -> bytes | None:
-        """The greatest key under a prefix owned by another component, or None."""
+    def _last_key(self, prefix: bytes) -> bytes | None:
+        """The greatest key under ``prefix``, or None."""
         self._check_open()
         head = prefix.rstrip(b"\xff")
-        if not head:
-            raise ValueError("the prefix must not be empty or all 0xff")
         end = head[:-1] + bytes([head[-1] + 1])  # the least key past every key under it
         for key, _ in self._db.items(backwards=True, from_key=end):
             raw_key = cast(bytes, key)
@@ -287,3 +467,25 @@ class MemoryStore:
             if not self._closed:
                 self._closed = True
                 self._db.close()
+
+
+def _write_meta(db: rocksdict.Rdict, meta: dict[str, object], migrations: list[str]) -> None:
+    write_options = rocksdict.WriteOptions()
+    write_options.sync = True
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    batch.put(Keys.META, json.dumps(meta).encode())
+    batch.put(Keys.MIGRATIONS, json.dumps(migrations).encode())
+    db.write(batch, write_options)
+
+
+def _migrate(db: rocksdict.Rdict, version: int, meta: dict[str, object]) -> None:
+    """Run the migrations after ``version`` in order, then record them and the version.
+
+    Each migration is idempotent, so a crash before the record is written repeats it.
+    """
+    done = json.loads(db.get(Keys.MIGRATIONS) or b"[]")
+    for target, name, step in _MIGRATIONS:
+        if target > version:
+            step(db)
+            done.append(name)
+    _write_meta(db, meta, done)

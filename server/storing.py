@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from calor.server.changes import Changes, commit
 from calor.server.channel import Channel
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory
@@ -20,7 +21,7 @@ from calor.server.lifecycle import refresh_utility
 from calor.server.records import MemoryRecord
 from calor.server.registry import ChannelRegistry
 from calor.server.results import Prepared, Stored
-from calor.server.store import MemoryStore, WriteBatch
+from calor.server.store import MemoryStore
 
 __all__ = ["StorePipeline"]
 
@@ -80,18 +81,9 @@ class StorePipeline:
         }
         if bulk:
             self._write_vectors_ahead(prepared)
-        with self._store.batch() as batch:
-            for name, done in prepared.items():
-                self._write_prepared(name, done, batch, vectors=not bulk)
+        commit(self._store, [self._changes(name, done, bulk) for name, done in prepared.items()])
         for name, positions in fresh.items():
-            channel = self._reg.channel(name)
-            policy = self._reg.policy(name)
             done = prepared[name]
-            channel.state = done.state
-            clocks = self._reg.clocks(channel)
-            for confirmed in done.confirmed:
-                channel.replace(confirmed, policy, clocks, self._store)
-            channel.admit(done.ingested, policy, clocks)
             for position, ingested in zip(positions, done.ingested, strict=True):
                 results[position] = Stored(ingested.record, True)
         for position, item in enumerate(items):
@@ -109,7 +101,7 @@ class StorePipeline:
         return record
 
     def _prepare(self, channel: Channel, items: list[NewMemory], vectors: np.ndarray) -> Prepared:
-        policy = self._reg.policy(channel.name)
+        policy = channel.policy
         now = self._clock.now()
         ingested = build_records(
             items, vectors, channel.neighbourhood(), policy, now, channel.state.interactions
@@ -123,21 +115,18 @@ class StorePipeline:
                 refresh_utility(confirmed[-1], now)
         return Prepared(ingested, state, confirmed, now)
 
-    def _write_prepared(
-        self, channel: str, done: Prepared, batch: WriteBatch, vectors: bool
-    ) -> None:
+    def _changes(self, name: str, done: Prepared, staged: bool) -> Changes:
+        """A channel's part of a store batch as one change."""
+        change = Changes(name, self._reg.channel(name))
         for entry in done.ingested:
-            batch.put_record(entry.record)
-            batch.append_event(memory_event("on_store", entry.record, done.at, entry.record.heat0))
-            if vectors:
-                batch.put_vector(channel, entry.record.id, entry.vector)
-            if entry.record.idempotency_key:
-                batch.put_idempotency(channel, entry.record.idempotency_key, entry.record.id)
+            change.add(entry.record, entry.vector, staged)
+            change.log(memory_event("on_store", entry.record, done.at, entry.record.heat0))
             for edge in entry.edges:
-                batch.put_edge(channel, edge.from_id, edge.to_id, edge.kind, edge.weight)
+                change.link(edge.from_id, edge.to_id, edge.kind, edge.weight)
         for record in done.confirmed:
-            batch.put_record(record)
-        batch.put_channel_state(channel, done.state.to_json())
+            change.put(record)
+        change.set_state(done.state)
+        return change
 
     def _write_vectors_ahead(self, prepared: dict[str, Prepared]) -> None:
         """Write a bulk store's vectors ahead of its records, in batches of their own.
@@ -149,6 +138,7 @@ class StorePipeline:
         """
         entries = [(name, e) for name, done in prepared.items() for e in done.ingested]
         for start in range(0, len(entries), _VECTORS_AHEAD):
-            with self._store.batch() as batch:
-                for name, entry in entries[start : start + _VECTORS_AHEAD]:
-                    batch.put_vector(name, entry.record.id, entry.vector)
+            ahead: dict[str, Changes] = {}
+            for name, entry in entries[start : start + _VECTORS_AHEAD]:
+                ahead.setdefault(name, Changes(name)).stage_vector(entry.record.id, entry.vector)
+            commit(self._store, list(ahead.values()))

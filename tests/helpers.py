@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from calor.server.store import MemoryStore, WriteBatch
+from calor.server.events import EventRecord
+from calor.server.ops import ChangeList
+from calor.server.store import MemoryStore
 from calor.triggers.rules import TriggerRule
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
@@ -69,14 +70,12 @@ class CrashAfter:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    @contextmanager
-    def batch(self) -> Iterator[WriteBatch]:
+    def write(self, changes: Sequence[ChangeList]) -> list[EventRecord]:
         if self.budget <= 0:
             self.refused += 1
             raise OSError("injected crash")
         self.budget -= 1
-        with self._store.batch() as batch:
-            yield batch
+        return self._store.write(changes)
 
 
 def trigger_rule(**fields: Any) -> TriggerRule:

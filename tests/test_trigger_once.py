@@ -31,7 +31,9 @@ from calor.server.clock import SystemClock
 from calor.server.commands import NewMemory
 from calor.server.engine import MemoryEngine
 from calor.server.policy import ChannelPolicy
-from calor.server.store import MemoryStore
+from calor.server.changes import Changes, commit
+from calor.server.ops import PutKey
+from calor.server.store import Keys, MemoryStore
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.outbox import pending_deliveries
 from calor.triggers.registry import Firing, TriggerRegistry
@@ -45,7 +47,6 @@ from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.helpers import CrashAfter, trigger_rule
 
 CHANNEL = "once"
-CURSOR = b"s:cursor"
 SECRET = "s3cret"
 
 
@@ -171,12 +172,19 @@ class Setup:
         ]
 
     def cursor(self) -> Any:
-        raw = self.store.get_raw(CURSOR)
+        raw = self.store.get(Keys.CURSOR)
         return None if raw is None else json.loads(raw)
 
     def fires(self, trigger_id: str) -> int:
-        raw = self.store.get_raw(b"f:" + trigger_id.encode())
+        raw = self.store.get(Keys.fire_counter(trigger_id))
         return 0 if raw is None else int(json.loads(raw)["fires"])
+
+
+def keep(store: MemoryStore, write: PutKey) -> None:
+    """Commit one bookkeeping write."""
+    change = Changes("")
+    change.keep([write])
+    commit(store, [change])
 
 
 @pytest.fixture
@@ -188,8 +196,7 @@ def setup(embedder: OnnxEmbedder, tmp_path: Path) -> Iterator[Callable[..., Setu
         registry = TriggerRegistry(store)
         for each in rules:
             registry.add(each)
-        with store.batch() as batch:
-            batch.put_raw(CURSOR, b"0")  # the legacy form: nothing handled yet
+        keep(store, PutKey(Keys.CURSOR, b'{"seq": 0, "done": []}'))  # nothing handled yet
         memories = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
         text = "The invoice for March was paid."
         vectors = np.asarray(embedder.embed_passages([text]))
@@ -234,7 +241,9 @@ def test_an_internal_action_and_its_cursor_advance_are_durable_together(
         assert world.events(each.id) == expected
         assert world.fires(each.id) == len(expected)
         assert len(list(TriggerRegistry(world.store).history(each.id))) == len(expected)
-    assert world.cursor() == ({"seq": world.seq - 1, "done": fired} if fired else 0)
+    assert world.cursor() == (
+        {"seq": world.seq - 1, "done": fired} if fired else {"seq": 0, "done": []}
+    )
     boosted = record.heat0
 
     registry = TriggerRegistry(world.store)
@@ -300,7 +309,12 @@ def test_a_webhook_is_in_the_outbox_with_the_cursor_and_sent_again_after_a_crash
     world.reopen()
     pending = pending_deliveries(world.store)
     if budget == 0:
-        assert (pending, receiver.keys(), world.cursor(), world.fires("w-hook")) == ([], [], 0, 0)
+        assert (pending, receiver.keys(), world.cursor(), world.fires("w-hook")) == (
+            [],
+            [],
+            {"seq": 0, "done": []},
+            0,
+        )
     else:
         assert [d.key for d in pending] == [key]
         assert receiver.keys() == [key]
@@ -322,14 +336,12 @@ def test_the_history_goes_on_after_a_restart_without_overwriting(tmp_path: Path)
     registry = TriggerRegistry(store)
     registry.add(rule("h-notify", "notify"))
     for seq in (5, 5, 6):  # two firings for one cause move the next one's key on
-        with store.batch() as batch:
-            registry.put_history(batch, Firing("h-notify", "m", 0.0, f"before {seq}", seq))
+        keep(store, registry.history_entry(Firing("h-notify", "m", 0.0, f"before {seq}", seq)))
     store.close()
     store = MemoryStore.open(tmp_path, model_id="test", dim=4)
     registry = TriggerRegistry(store)
     registry.load()
-    with store.batch() as batch:
-        registry.put_history(batch, Firing("h-notify", "m", 0.0, "after 7", 7))
+    keep(store, registry.history_entry(Firing("h-notify", "m", 0.0, "after 7", 7)))
     outcomes = [f.outcome for f in registry.history("h-notify")]
     store.close()
     assert outcomes == ["before 5", "before 5", "before 6", "after 7"]

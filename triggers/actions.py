@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from calor.server.changes import Bookkeeping
 from calor.server.engine import MemoryEngine
 from calor.server.events import Cause, EventRecord
 from calor.server.records import MemoryRecord
-from calor.server.store import BatchWrites
 from calor.triggers.outbox import Delivery
 from calor.triggers.rules import TriggerRule
 from calor.triggers.templates import render_message
@@ -55,7 +55,7 @@ class ActionContext:
     memories: MemoryEngine
     run: Run
     now: float
-    writes: Callable[[str], BatchWrites]
+    writes: Callable[[str], Bookkeeping]
 
 
 def _fields(ctx: ActionContext) -> dict[str, str]:

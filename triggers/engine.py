@@ -30,7 +30,8 @@ from calor.server.clock import Clock
 from calor.server.engine import MemoryEngine
 from calor.server.errors import NotFoundError
 from calor.server.events import Cause, EventRecord
-from calor.server.store import BatchWrites, MemoryStore, WriteBatch
+from calor.server.ops import DeleteKey, PutKey
+from calor.server.store import Keys, MemoryStore
 from calor.triggers.actions import (
     ActionContext,
     outcome_event,
@@ -50,7 +51,6 @@ __all__ = ["MAX_CHAIN_DEPTH", "TriggerEngine"]
 log = logging.getLogger("calor.triggers")
 
 MAX_CHAIN_DEPTH = 8
-_CURSOR = b"s:cursor"
 _HEAT_EVENTS = frozenset({"on_store", "on_recall", "on_boost", "pin"})
 _CARRIED = ("late", "t0")  # what a chained firing keeps of its cause's event payload
 Run = Callable[..., Awaitable[Any]]
@@ -66,8 +66,6 @@ def _cursor_value(seq: int, done: Collection[str]) -> bytes:
 def _read_cursor(saved: bytes | None, default: int) -> tuple[int, frozenset[str]]:
     if saved is None:
         return default, frozenset()
-    if not saved.startswith(b"{"):  # written before partial progress was kept
-        return int(saved), frozenset()
     data = json.loads(saved)
     return int(data["seq"]), frozenset(data.get("done", ()))
 
@@ -92,23 +90,21 @@ class _Bookkeeping:
         self._decay_t0 = decay_t0
         self._counter: Counter | None = None
 
-    def writes(self, outcome: str | None) -> BatchWrites:
+    def writes(self, outcome: str | None) -> list[PutKey]:
         """The writes for this firing with ``outcome`` (None: no history entry yet)."""
         firing = self._firing
-
-        def write(batch: WriteBatch) -> None:
-            self._counter = self._registry.put_count(batch, firing.trigger_id, firing.at)
-            if outcome is not None:
-                self._registry.put_history(batch, replace(firing, outcome=outcome))
-            if self._decay_t0 is not None:
-                self._registry.put_decay_fired(
-                    batch, firing.trigger_id, firing.memory_id, self._decay_t0
-                )
-            if self._position is not None:
-                done = self._done | {firing.trigger_id}
-                batch.put_raw(_CURSOR, _cursor_value(self._position - 1, done))
-
-        return write
+        self._counter, counted = self._registry.count(firing.trigger_id, firing.at)
+        writes = [counted]
+        if outcome is not None:
+            writes.append(self._registry.history_entry(replace(firing, outcome=outcome)))
+        if self._decay_t0 is not None:
+            writes.append(
+                self._registry.decay_mark(firing.trigger_id, firing.memory_id, self._decay_t0)
+            )
+        if self._position is not None:
+            done = self._done | {firing.trigger_id}
+            writes.append(PutKey(Keys.CURSOR, _cursor_value(self._position - 1, done)))
+        return writes
 
     def applied(self) -> None:
         """The batch holding :meth:`writes` is durable: count the firing in memory."""
@@ -151,7 +147,7 @@ class TriggerEngine:
         """Load rules, resume after the durable cursor, send again the webhooks a crash
         cut short, start dispatching and scheduling."""
         await self._run(self.registry.load)
-        saved = await self._run(self._store.get_raw, _CURSOR)
+        saved = await self._run(self._store.get, Keys.CURSOR)
         self._cursor, self._done = _read_cursor(saved, self._store.last_seq)
         self.hub.published_seq = self._cursor
         for delivery in await self._run(pending_deliveries, self._store):
@@ -196,8 +192,7 @@ class TriggerEngine:
                 await self._run(self._save_cursor, self._cursor)
 
     def _save_cursor(self, seq: int) -> None:
-        with self._store.batch() as batch:
-            batch.put_raw(_CURSOR, _cursor_value(seq, ()))
+        self._memories.log(extra=[PutKey(Keys.CURSOR, _cursor_value(seq, ()))])
         self._trim(seq)
 
     def _trim(self, cursor: int) -> None:
@@ -366,12 +361,7 @@ class TriggerEngine:
         """Make the delivery durable with the cursor advance and the fire count, then
         send it in the background (its history entry is written with its outcome)."""
         delivery = webhook_delivery(ctx)
-        bookkeeping = book.writes(None)
-
-        def writes(batch: WriteBatch) -> None:
-            bookkeeping(batch)
-            put_delivery(batch, delivery)
-
+        writes = [*book.writes(None), put_delivery(delivery)]
         await self._run(partial(self._memories.log, extra=writes))
         self._send(delivery)
 
@@ -404,10 +394,10 @@ class TriggerEngine:
                 delivery.late,
             )
 
-            def finish(batch: WriteBatch) -> None:
-                self.registry.put_history(batch, firing)
-                drop_delivery(batch, delivery.key)
-
+            finish: list[PutKey | DeleteKey] = [
+                self.registry.history_entry(firing),
+                drop_delivery(delivery.key),
+            ]
             event = outcome_event(delivery, outcome, self._clock.now())
             await self._run(partial(self._memories.log, event, extra=finish))
         except asyncio.CancelledError:

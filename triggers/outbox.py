@@ -6,7 +6,7 @@ advance, then sends it; the record is dropped in the batch that logs the final o
 is sent again, under the same idempotency key: webhooks are at-least-once, and the key
 lets a receiver make them exactly-once.
 
-Keys: ``o:<idempotency key>`` → Delivery JSON.
+Stored under :meth:`calor.server.store.Keys.delivery` as Delivery JSON.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from calor.server.store import MemoryStore, WriteBatch
+from calor.server.ops import DeleteKey, PutKey
+from calor.server.store import Keys, MemoryStore
 
 __all__ = ["Delivery", "drop_delivery", "pending_deliveries", "put_delivery"]
-
-_PREFIX = b"o:"
 
 
 @dataclass(frozen=True)
@@ -72,20 +71,16 @@ class Delivery:
         return cls(**raw)
 
 
-def _key(idempotency_key: str) -> bytes:
-    return _PREFIX + idempotency_key.encode()
+def put_delivery(delivery: Delivery) -> PutKey:
+    """The write that adds a delivery to the outbox."""
+    return PutKey(Keys.delivery(delivery.key), delivery.to_json())
 
 
-def put_delivery(batch: WriteBatch, delivery: Delivery) -> None:
-    """Add a delivery to the outbox, in ``batch``."""
-    batch.put_raw(_key(delivery.key), delivery.to_json())
-
-
-def drop_delivery(batch: WriteBatch, idempotency_key: str) -> None:
-    """Remove a finished delivery from the outbox, in ``batch``."""
-    batch.delete_raw(_key(idempotency_key))
+def drop_delivery(idempotency_key: str) -> DeleteKey:
+    """The write that removes a finished delivery from the outbox."""
+    return DeleteKey(Keys.delivery(idempotency_key))
 
 
 def pending_deliveries(store: MemoryStore) -> list[Delivery]:
     """Every delivery not finished yet, in key order."""
-    return [Delivery.from_json(value) for _, value in store.scan_raw(_PREFIX)]
+    return [Delivery.from_json(value) for value in store.deliveries()]

@@ -1,18 +1,9 @@
-"""Triggers at rest: rules, fire counters, firing history and decay markers in RocksDB.
+"""Triggers at rest: rules, fire counters, firing history and decay markers in RocksDB
+(their keys are named by :class:`calor.server.store.Keys`).
 
-Keys (raw bytes, beside the memory store's own):
-
-    t:<trigger id>                    TriggerRule JSON
-    f:<trigger id>                    {"fires": n, "last_fired_at": t} JSON
-    h:<trigger id>\\0<seq, 8 bytes>    Firing JSON (the trigger's history)
-    d:<trigger id>\\0<memory id>       t0 of the heat trajectory whose decay already fired
-    s:watermark                       time up to which decay crossings have been handled
-    s:cursor                          the dispatcher's place in the log (calor.triggers.engine)
-    o:<idempotency key>               a webhook delivery not yet finished (calor.triggers.outbox)
-
-A firing's counter, history and decay marker are written into the batch of the action
-itself (``put_count``, ``put_history``, ``put_decay_fired``), and the counter is applied
-in memory only once that batch is durable (``apply_count``).
+A firing's counter, history and decay marker are written in the change of the action
+itself (``count``, ``history``, ``decay_fired``, each returning bookkeeping writes),
+and the counter is applied in memory only once that change is durable (``apply_count``).
 """
 
 from __future__ import annotations
@@ -22,13 +13,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from calor.server.store import MemoryStore, WriteBatch
+from calor.server.changes import Changes, commit
+from calor.server.ops import DeleteKey, PutKey
+from calor.server.store import Keys, MemoryStore
 from calor.triggers.rules import TriggerRule
 
 __all__ = ["Counter", "Firing", "TriggerRegistry"]
-
-_SEP = b"\x00"
-_WATERMARK = b"s:watermark"
 
 
 @dataclass(frozen=True)
@@ -63,22 +53,20 @@ class TriggerRegistry:
 
     def load(self) -> None:
         """Read every trigger and its counter back from the store."""
-        for _, value in self._store.scan_raw(b"t:"):
+        for value in self._store.trigger_rules():
             rule = TriggerRule.from_json(value)
             self._rules[rule.id] = rule
-        for key, value in self._store.scan_raw(b"f:"):
-            self._counters[key[2:].decode()] = Counter(**json.loads(value))
+        for trigger_id, value in self._store.fire_counters():
+            self._counters[trigger_id] = Counter(**json.loads(value))
         # History keys go on from the last one used, so that no firing after a restart
         # overwrites one from before.
         for trigger_id in self._rules:
-            last = self._store.last_key_raw(b"h:" + trigger_id.encode() + _SEP)
-            if last is not None:
-                self._history_seq = max(self._history_seq, int.from_bytes(last[-8:], "big"))
+            last = self._store.last_firing_order(trigger_id)
+            self._history_seq = max(self._history_seq, last)
 
     def add(self, rule: TriggerRule) -> None:
         """Register a validated rule, durably."""
-        with self._store.batch() as batch:
-            batch.put_raw(b"t:" + rule.id.encode(), rule.to_json())
+        self._write(PutKey(Keys.trigger(rule.id), rule.to_json()))
         with self._lock:
             self._rules[rule.id] = rule
 
@@ -87,8 +75,7 @@ class TriggerRegistry:
         with self._lock:
             if trigger_id not in self._rules:
                 return False
-        with self._store.batch() as batch:
-            batch.delete_raw(b"t:" + trigger_id.encode())
+        self._write(DeleteKey(Keys.trigger(trigger_id)))
         with self._lock:
             self._rules.pop(trigger_id, None)
         return True
@@ -119,57 +106,52 @@ class TriggerRegistry:
             return False
         return not (counter.fires and now - counter.last_fired_at < rule.cooldown_seconds)
 
-    def put_count(self, batch: WriteBatch, trigger_id: str, at: float) -> Counter:
-        """Write one more firing of a trigger into ``batch``; returns the counter to
-        :meth:`apply_count` once the batch is durable."""
+    def count(self, trigger_id: str, at: float) -> tuple[Counter, PutKey]:
+        """One more firing of a trigger: the counter to :meth:`apply_count` once durable,
+        and its write."""
         with self._lock:
             current = self._counters.get(trigger_id, Counter())
         counter = Counter(current.fires + 1, at)
-        batch.put_raw(b"f:" + trigger_id.encode(), json.dumps(asdict(counter)).encode())
-        return counter
+        value = json.dumps(asdict(counter)).encode()
+        return counter, PutKey(Keys.fire_counter(trigger_id), value)
 
     def apply_count(self, trigger_id: str, counter: Counter) -> None:
         """Make a counter written by :meth:`put_count` (and committed) the one in force."""
         with self._lock:
             self._counters[trigger_id] = counter
 
-    def put_history(self, batch: WriteBatch, firing: Firing) -> None:
-        """Add a firing to its trigger's history, in ``batch``."""
+    def history_entry(self, firing: Firing) -> PutKey:
+        """The write that adds a firing to its trigger's history."""
         with self._lock:
             self._history_seq += 1
             order = max(firing.seq, self._history_seq)
             self._history_seq = order
-        batch.put_raw(
-            b"h:" + firing.trigger_id.encode() + _SEP + order.to_bytes(8, "big"),
-            json.dumps(asdict(firing)).encode(),
-        )
+        return PutKey(Keys.firing(firing.trigger_id, order), json.dumps(asdict(firing)).encode())
 
-    def put_decay_fired(
-        self, batch: WriteBatch, trigger_id: str, memory_id: str, t0: float
-    ) -> None:
-        """Note, in ``batch``, that the trigger fired for this heat trajectory of the memory."""
-        batch.put_raw(_decay_key(trigger_id, memory_id), repr(t0).encode())
+    def decay_mark(self, trigger_id: str, memory_id: str, t0: float) -> PutKey:
+        """The write noting that the trigger fired for this heat trajectory of the memory."""
+        return PutKey(Keys.decay_mark(trigger_id, memory_id), repr(t0).encode())
 
     def history(self, trigger_id: str) -> Iterator[Firing]:
         """A trigger's firings, oldest first."""
-        for _, value in self._store.scan_raw(b"h:" + trigger_id.encode() + _SEP):
+        for value in self._store.firings(trigger_id):
             yield Firing(**json.loads(value))
 
     def decay_fired(self, trigger_id: str, memory_id: str, t0: float) -> bool:
         """Whether this trigger already fired for the memory's current heat trajectory."""
-        value = self._store.get_raw(_decay_key(trigger_id, memory_id))
+        value = self._store.get(Keys.decay_mark(trigger_id, memory_id))
         return value is not None and float(value) == t0
 
     def watermark(self) -> float:
         """The time up to which decay crossings were handled before (0 if never)."""
-        value = self._store.get_raw(_WATERMARK)
+        value = self._store.get(Keys.WATERMARK)
         return float(value) if value is not None else 0.0
 
     def set_watermark(self, when: float) -> None:
         """Note that decay crossings up to ``when`` are handled."""
-        with self._store.batch() as batch:
-            batch.put_raw(_WATERMARK, repr(when).encode())
+        self._write(PutKey(Keys.WATERMARK, repr(when).encode()))
 
-
-def _decay_key(trigger_id: str, memory_id: str) -> bytes:
-    return b"d:" + trigger_id.encode() + _SEP + memory_id.encode()
+    def _write(self, *writes: PutKey | DeleteKey) -> None:
+        change = Changes("")
+        change.keep(writes)
+        commit(self._store, [change])
