@@ -17,7 +17,6 @@ from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock
 from calor.server.config import ServerConfig
 from calor.server.ids import new_id
-from calor.server.store import MemoryStore
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2, settings_service_pb2_grpc
 from calor.v1 import trigger_service_pb2 as tpb
