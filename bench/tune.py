@@ -58,7 +58,7 @@ def calor_rankings(
         engine = MemoryEngine.open(store, SystemClock(), policy)
         for number, question in enumerate(questions):
             channel = f"q{number}"
-            engine.set_policy(channel, policy)
+            engine.channels.set_policy(channel, policy)
             turn_vectors, query_vector = cache.get(question)
             items = [
                 NewMemory(

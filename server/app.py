@@ -146,6 +146,7 @@ class CalorServer:
             retention_events=self.config.event_retention,
             retention_seconds=self.config.event_retention_seconds,
             queue_size=self.config.subscriber_queue,
+            max_chain_depth=self.config.max_chain_depth,
         )
         await triggers.start()
         self._triggers = triggers

@@ -38,6 +38,7 @@ from calor.server.ops import (
 )
 from calor.server.policy import ChannelPolicy
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
+from calor.server.results import Current
 
 __all__ = ["Channel", "conflict_pair"]
 
@@ -97,6 +98,12 @@ class Channel:
         """A memory's heat now."""
         clocks = clocks or self.clocks()
         return current_heat(evolve(record, self.policy, clocks), self.policy, clocks)
+
+    def current(self, record: MemoryRecord, clocks: Clocks | None = None) -> Current:
+        """A memory as it stands now, with its heat: what a reply shows."""
+        clocks = clocks or self.clocks()
+        evolved = evolve(record, self.policy, clocks)
+        return Current(evolved.copy(), current_heat(evolved, self.policy, clocks))
 
     def neighbourhood(self) -> Neighbourhood:
         """What a store links new memories against (read, never written, by ingest)."""

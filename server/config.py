@@ -6,9 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DEFAULT_PORT", "Limits", "ServerConfig", "default_data_dir"]
+__all__ = ["DEFAULT_MAX_CHAIN_DEPTH", "DEFAULT_PORT", "Limits", "ServerConfig", "default_data_dir"]
 
 DEFAULT_PORT = 50051
+DEFAULT_MAX_CHAIN_DEPTH = 8
 
 
 def default_data_dir() -> Path:
@@ -57,6 +58,8 @@ class ServerConfig:
         event_retention: Most events the log keeps (older ones are trimmed).
         event_retention_seconds: Oldest events the log keeps, by age.
         subscriber_queue: Events a subscriber may fall behind before its stream ends.
+        max_chain_depth: Most triggers one chain fires, counting the first (DESIGN §7);
+            at least 1.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -72,3 +75,4 @@ class ServerConfig:
     event_retention: int = 1_000_000
     event_retention_seconds: float = 7 * 86_400.0
     subscriber_queue: int = 1024
+    max_chain_depth: int = DEFAULT_MAX_CHAIN_DEPTH

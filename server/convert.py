@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from calor.server.dream import DreamReport
 from calor.server.graph import Edge
 from calor.server.recall import Hit
 from calor.server.records import MemoryRecord
 from calor.server.results import ChannelStatus
 from calor.server.temporal import TimeWindow
+from calor.server.wire import full_name, timestamp_message
 from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = [
@@ -22,46 +21,34 @@ __all__ = [
 ]
 
 
-def _timestamp(seconds: float) -> Timestamp:
-    stamp = Timestamp()
-    whole = int(seconds // 1)
-    stamp.seconds = whole
-    stamp.nanos = int(round((seconds - whole) * 1e9)) % 1_000_000_000
-    return stamp
-
-
-def _enum(prefix: str, name: str) -> str:
-    return f"{prefix}{name.upper()}"
-
-
 def memory_message(record: MemoryRecord, heat: float) -> memory_pb2.Memory:
     """The API view of a memory as it stands now (evolved), with its current heat."""
     message = memory_pb2.Memory(
         id=record.id,
         channel=record.channel,
         text=record.text,
-        memory_type=memory_pb2.MemoryType.Value(_enum("MEMORY_TYPE_", record.memory_type)),
+        memory_type=memory_pb2.MemoryType.Value(full_name("MEMORY_TYPE_", record.memory_type)),
         heat=heat,
         stability=record.stability,
         importance=record.importance,
         utility=record.utility,
         recall_count=record.recall_count,
         keystone=record.keystone,
-        state=memory_pb2.MemoryState.Value(_enum("MEMORY_STATE_", record.state)),
+        state=memory_pb2.MemoryState.Value(full_name("MEMORY_STATE_", record.state)),
         tags=record.tags,
         entities=record.entities,
-        created_at=_timestamp(record.created_at),
-        updated_at=_timestamp(record.updated_at),
+        created_at=timestamp_message(record.created_at),
+        updated_at=timestamp_message(record.updated_at),
         merged_into=record.merged_into,
         merged_from=record.merged_from,
-        source=memory_pb2.Source.Value(_enum("SOURCE_", record.source)),
-        confidence=memory_pb2.Confidence.Value(_enum("CONFIDENCE_", record.confidence)),
+        source=memory_pb2.Source.Value(full_name("SOURCE_", record.source)),
+        confidence=memory_pb2.Confidence.Value(full_name("CONFIDENCE_", record.confidence)),
         provenance=record.provenance,
         heat0=record.heat0,
-        t0=_timestamp(record.t0),
+        t0=timestamp_message(record.t0),
     )
     if record.last_recalled_at is not None:
-        message.last_recalled_at.CopyFrom(_timestamp(record.last_recalled_at))
+        message.last_recalled_at.CopyFrom(timestamp_message(record.last_recalled_at))
     return message
 
 
@@ -70,7 +57,7 @@ def edge_message(edge: Edge) -> memory_pb2.Edge:
     return memory_pb2.Edge(
         from_id=edge.from_id,
         to_id=edge.to_id,
-        kind=memory_pb2.EdgeKind.Value(_enum("EDGE_KIND_", edge.kind)),
+        kind=memory_pb2.EdgeKind.Value(full_name("EDGE_KIND_", edge.kind)),
         weight=edge.weight,
     )
 
@@ -94,8 +81,8 @@ def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.Recal
 def window_message(window: TimeWindow) -> memory_service_pb2.TimeWindow:
     """The time window a recall boosted."""
     return memory_service_pb2.TimeWindow(
-        start=_timestamp(window.start.timestamp()),
-        end=_timestamp(window.end.timestamp()),
+        start=timestamp_message(window.start.timestamp()),
+        end=timestamp_message(window.end.timestamp()),
         phrase=window.phrase,
     )
 
@@ -109,8 +96,8 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
     """A channel's counts, keyed by the API's enum names."""
     return memory_service_pb2.IdentityResponse(
         total=status.total,
-        by_state={_enum("MEMORY_STATE_", k): v for k, v in status.by_state.items()},
-        by_type={_enum("MEMORY_TYPE_", k): v for k, v in status.by_type.items()},
+        by_state={full_name("MEMORY_STATE_", k): v for k, v in status.by_state.items()},
+        by_type={full_name("MEMORY_TYPE_", k): v for k, v in status.by_type.items()},
         channel_heat=status.channel_heat,
         consolidation_sweeps=status.sweeps,
         interactions=status.interactions,

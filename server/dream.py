@@ -22,19 +22,13 @@ from calor.server.channel import Channel
 from calor.server.events import EventRecord
 from calor.server.index import ScratchIndex
 from calor.server.lifecycle import Clocks, current_heat, evolve
-from calor.server.policy import ChannelPolicy
+from calor.server.policy import ChannelPolicy, DreamThresholds
 from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MERGED, MemoryRecord
 from calor.server.store import MemoryStore
 
-__all__ = ["CONFLICT_SIMILARITY", "MERGE_SIMILARITY", "DreamReport", "Dreamer"]
+__all__ = ["DreamReport", "Dreamer"]
 
-CONFLICT_SIMILARITY = 0.80
-MERGE_SIMILARITY = 0.85
-KEYSTONE_RECALLS, KEYSTONE_HEAT = 5, 0.70
-SEMANTIC_IMPORTANCE, SEMANTIC_RECALLS = 0.70, 5
-ARCHIVE_AGE_DAYS, ARCHIVE_HEAT, ARCHIVE_IMPORTANCE, ARCHIVE_RECALLS = 90.0, 0.15, 0.30, 3
-ARCHIVE_EXEMPT = frozenset({"semantic", "procedural", "core"})
-PRUNE_HEAT = 1e-3
+# Every threshold of a dream is the channel's setting: ``ChannelPolicy.dreams``.
 _NEIGHBOURS = 16
 _LIVE = frozenset({ACTIVE, COLD})
 DAY = 86_400.0
@@ -80,10 +74,11 @@ class Dreamer:
             report.migrated = self._materialise(channel, policy, clocks)
             scope = self._scope(channel, cold_only)
             snapshot = [(i, v) for i in scope if (v := channel.index.vector(i)) is not None]
-        pairs = _close_pairs(snapshot)
+        least = min(policy.dreams.conflict_similarity, policy.dreams.merge_similarity)
+        pairs = _close_pairs(snapshot, least)
         with channel.lock:
             pairs = {p: s for p, s in pairs.items() if all(_live(channel, i) for i in p)}
-            report.conflicts = self._detect_conflicts(channel, pairs)
+            report.conflicts = self._detect_conflicts(channel, pairs, policy)
             clusters = self._clusters(channel, pairs, policy, clocks)
         for cluster in clusters:
             with channel.lock:
@@ -146,10 +141,12 @@ class Dreamer:
         wanted = frozenset({COLD}) if cold_only else _LIVE
         return sorted(i for i, r in channel.records.items() if r.state in wanted)
 
-    def _detect_conflicts(self, channel: Channel, pairs: dict[tuple[str, str], float]) -> int:
+    def _detect_conflicts(
+        self, channel: Channel, pairs: dict[tuple[str, str], float], policy: ChannelPolicy
+    ) -> int:
         found: dict[tuple[str, str], str] = {}
-        for (a, b), _ in sorted(pairs.items()):
-            if (a, b) in channel.conflicts:
+        for (a, b), similarity in sorted(pairs.items()):
+            if similarity < policy.dreams.conflict_similarity or (a, b) in channel.conflicts:
                 continue
             reason = contradiction(channel.records[a].text, channel.records[b].text)
             if reason is not None:
@@ -166,12 +163,12 @@ class Dreamer:
         policy: ChannelPolicy,
         clocks: Clocks,
     ) -> list[list[str]]:
-        """Groups in which every pair is at least MERGE_SIMILARITY close and none is in
-        conflict; the first of each group survives (a keystone, else the hottest)."""
+        """Groups in which every pair is at least the merge similarity close and none is
+        in conflict; the first of each group survives (a keystone, else the hottest)."""
         close = {
             pair
             for pair, similarity in pairs.items()
-            if similarity >= MERGE_SIMILARITY and pair not in channel.conflicts
+            if similarity >= policy.dreams.merge_similarity and pair not in channel.conflicts
         }
         heat = {i: current_heat(channel.records[i], policy, clocks) for p in close for i in p}
         order = sorted(heat, key=lambda i: (not channel.records[i].keystone, -heat[i], i))
@@ -228,6 +225,7 @@ class Dreamer:
         """Keystones for the much-recalled and hot; working → episodic → semantic."""
         changed: dict[str, MemoryRecord] = {}
         keystoned = promoted = 0
+        dreams = policy.dreams
         for memory_id in scope:
             record = channel.records[memory_id]
             if record.state not in _LIVE:
@@ -242,13 +240,13 @@ class Dreamer:
             )
             if (
                 not record.keystone
-                and record.recall_count >= KEYSTONE_RECALLS
-                and heat >= KEYSTONE_HEAT
+                and record.recall_count >= dreams.keystone_recalls
+                and heat >= dreams.keystone_heat
             ):
                 update.keystone = True
                 keystoned += 1
                 changed[memory_id] = update
-            new_type = _promoted_type(record)
+            new_type = _promoted_type(record, dreams)
             if new_type is not None:
                 update.memory_type = new_type
                 promoted += 1
@@ -269,7 +267,8 @@ class Dreamer:
                 for b in live[i + 1 :]:
                     if "echo" not in channel.graph.kinds(a, b):
                         echoes.add((a, b))
-        doomed = [g for g in ghosts if current_heat(g, policy, clocks) < PRUNE_HEAT]
+        prune_below = policy.dreams.prune_heat
+        doomed = [g for g in ghosts if current_heat(g, policy, clocks) < prune_below]
         with changing(self._store, channel) as change:
             for a, b in sorted(echoes):
                 change.link(a, b, "echo", 0.5)
@@ -278,28 +277,29 @@ class Dreamer:
         return len(echoes), len(doomed)
 
     def _archive(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
+        dreams = policy.dreams
         old = [
             replace(r, state=ARCHIVED, updated_at=clocks.now)
             for r in channel.records.values()
             if r.state in _LIVE
             and not r.keystone
-            and r.memory_type not in ARCHIVE_EXEMPT
-            and clocks.now - r.created_at > ARCHIVE_AGE_DAYS * DAY
-            and current_heat(r, policy, clocks) < ARCHIVE_HEAT
-            and r.importance < ARCHIVE_IMPORTANCE
-            and r.recall_count < ARCHIVE_RECALLS
+            and r.memory_type not in dreams.archive_exempt_types
+            and clocks.now - r.created_at > dreams.archive_age_days * DAY
+            and current_heat(r, policy, clocks) < dreams.archive_heat
+            and r.importance < dreams.archive_importance
+            and r.recall_count < dreams.archive_recalls
         ]
         self._write(channel, old)
         return len(old)
 
 
-def _promoted_type(record: MemoryRecord) -> str | None:
+def _promoted_type(record: MemoryRecord, dreams: DreamThresholds) -> str | None:
     if record.memory_type == "working":
         return "episodic"
     if (
         record.memory_type == "episodic"
-        and record.importance >= SEMANTIC_IMPORTANCE
-        and record.recall_count >= SEMANTIC_RECALLS
+        and record.importance >= dreams.semantic_importance
+        and record.recall_count >= dreams.semantic_recalls
     ):
         return "semantic"
     return None
@@ -310,8 +310,10 @@ def _live(channel: Channel, memory_id: str) -> bool:
     return record is not None and record.state in _LIVE
 
 
-def _close_pairs(snapshot: list[tuple[str, np.ndarray]]) -> dict[tuple[str, str], float]:
-    """Pairs of memories at least CONFLICT_SIMILARITY apart, with their cosine."""
+def _close_pairs(
+    snapshot: list[tuple[str, np.ndarray]], least: float
+) -> dict[tuple[str, str], float]:
+    """Pairs of memories whose cosine is at least ``least``, with their cosine."""
     if len(snapshot) < 2:
         return {}
     index = ScratchIndex(snapshot[0][1].shape[0])
@@ -320,6 +322,6 @@ def _close_pairs(snapshot: list[tuple[str, np.ndarray]]) -> dict[tuple[str, str]
     pairs: dict[tuple[str, str], float] = {}
     for (memory_id, _), found in zip(snapshot, index.search(matrix, _NEIGHBOURS), strict=True):
         for similarity, other in found:
-            if other != memory_id and similarity >= CONFLICT_SIMILARITY:
+            if other != memory_id and similarity >= least:
                 pairs[(min(memory_id, other), max(memory_id, other))] = similarity
     return pairs

@@ -17,10 +17,11 @@ from calor.server.changes import Bookkeeping, changing
 from calor.server.channel import Channel
 from calor.server.channel_state import ChannelState
 from calor.server.clock import Clock
-from calor.server.commands import ListQuery, NewMemory, RecallQuery, UpdateChange
+from calor.server.commands import NewMemory, RecallQuery, UpdateChange
 from calor.server.dream import Dreamer, DreamReport
 from calor.server.errors import InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
+from calor.server.gates import load_limit
 from calor.server.graph import Edge
 from calor.server.lifecycle import (
     Clocks,
@@ -35,12 +36,12 @@ from calor.server.recall import Hit, rank_channel, recall_window
 from calor.server.recall_effects import recall_effects
 from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
 from calor.server.registry import ChannelRegistry
-from calor.server.results import ChannelStatus, RecallResult, Stored
+from calor.server.results import Current, RecallResult, Stored
 from calor.server.store import MemoryStore
 from calor.server.storing import StorePipeline
 from calor.server.temporal import TimeWindow
 
-__all__ = ["ChannelStatus", "MemoryEngine", "RecallResult", "Stored"]
+__all__ = ["Current", "MemoryEngine", "RecallResult", "Stored"]
 
 # A change applied to a copy of a record: (record, policy, clocks).
 _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
@@ -57,39 +58,20 @@ class MemoryEngine:
     def __init__(self, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> None:
         self._store = store
         self._clock = clock
-        self._reg = ChannelRegistry(store, clock, policy)
+        self.channels = ChannelRegistry(store, clock, policy)
+        """Every channel's live view, and the reads over them (listing, status, ...)."""
         self._dreamer = Dreamer(store)
-        self._storing = StorePipeline(self._reg, store, clock)
+        self._storing = StorePipeline(self.channels, store, clock)
         self.background: Callable[[Callable[[], object]], object] = lambda work: work()
 
     @classmethod
     def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
         """An engine whose views are rebuilt from everything ``store`` holds."""
         engine = cls(store, clock, policy)
-        engine._reg.rebuild()
+        engine.channels.rebuild()
         return engine
 
-    def policy(self, channel: str) -> ChannelPolicy:
-        """The policy in force in a channel."""
-        return self._reg.policy(channel)
-
-    def set_policy(self, channel: str, policy: ChannelPolicy) -> ChannelPolicy:
-        """Make ``policy`` the channel's own from now on (durably); every read uses it."""
-        return self._reg.set_policy(channel, policy)
-
-    def evolved(self, record: MemoryRecord) -> MemoryRecord:
-        """The record as it stands now (promotion and state transitions applied)."""
-        return self._reg.evolved(record)
-
-    def heat(self, record: MemoryRecord) -> float:
-        """A memory's heat now."""
-        return self._reg.heat(record)
-
     # --- store -----------------------------------------------------------------
-
-    def find_idempotent(self, channel: str, key: str) -> MemoryRecord | None:
-        """The memory an earlier store with this idempotency key made, if any."""
-        return self._reg.find_idempotent(channel, key)
 
     def store(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
         """Store memories (with their embeddings, one row each) in one atomic batch."""
@@ -109,12 +91,10 @@ class MemoryEngine:
         """
         now = self._clock.now()
         window = recall_window(query, now)
-        policy = self._reg.policy(query.channel)
-        limit = query.limit
-        if overloaded and policy.gate_load:
-            limit = min(limit, policy.load_reduced_limit)
+        policy = self.channels.policy(query.channel)
+        limit = load_limit(policy, query.limit, overloaded)
         hits: list[Hit] = []
-        own = self._reg.find(query.channel)
+        own = self.channels.find(query.channel)
         if own is None:
             if not query.peek:
                 ChannelState().check_ceiling(policy, now)
@@ -125,7 +105,7 @@ class MemoryEngine:
                 self._migrate_due(own)
                 hits.extend(self._rank(own, query, query_vector, window, mine=True))
         for name in query.channels:
-            other = self._reg.find(name)
+            other = self.channels.find(name)
             if other is not None:
                 with other.lock:
                     hits.extend(self._rank(other, query, query_vector, window, mine=False))
@@ -134,7 +114,14 @@ class MemoryEngine:
         if not query.peek and own is not None:
             with own.lock:
                 self._recalled(own, [h for h in hits if h.record.channel == own.name])
-        return RecallResult(hits, window)
+        memories = [self._current(h.record) for h in hits]
+        return RecallResult(hits, window, memories)
+
+    def _current(self, record: MemoryRecord) -> Current:
+        """A memory of a hit as it stands now."""
+        view = self.channels.find(record.channel)
+        assert view is not None  # a hit comes from a channel that exists
+        return view.current(record)
 
     def _rank(
         self,
@@ -215,37 +202,11 @@ class MemoryEngine:
             raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
         return record
 
-    def inspect(self, channel: str, memory_id: str) -> tuple[MemoryRecord, list[Edge]]:
-        """One memory of a channel (tombstones included) and its edges."""
-        live = self._reg.existing(channel, memory_id)
+    def inspect(self, channel: str, memory_id: str) -> tuple[Current, list[Edge]]:
+        """One memory of a channel as it stands (tombstones included) and its edges."""
+        live = self.channels.existing(channel, memory_id)
         with live.lock:
-            return replace(self._get(live, memory_id)), live.graph.edges(memory_id)
-
-    def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
-        """A page of memories in id order, and the id to resume after ('' at the end)."""
-        return self._reg.list_page(query)
-
-    def matching(self, channel: str, query: ListQuery) -> list[str]:
-        """The ids of every memory a filter matches (for forget by filter)."""
-        return self._reg.matching(query)
-
-    def status(self, channel: str) -> ChannelStatus:
-        """How many memories a channel holds, by state and by type, and its heat."""
-        return self._reg.status(channel)
-
-    def decay_crossing(
-        self, channel: str, memory_id: str, threshold: float | None
-    ) -> tuple[float, float, float] | None:
-        """When a memory's heat crosses below ``threshold``; see ChannelRegistry."""
-        return self._reg.decay_crossing(channel, memory_id, threshold)
-
-    def memory_ids(self, channel: str) -> list[str]:
-        """Every memory id of a channel (tombstones included), in id order."""
-        return self._reg.memory_ids(channel)
-
-    def neighbours(self, channel: str, memory_id: str) -> list[str]:
-        """The memories linked to one memory."""
-        return self._reg.neighbours(channel, memory_id)
+            return live.current(self._get(live, memory_id)), live.graph.edges(memory_id)
 
     def log(self, *events: EventRecord, extra: Bookkeeping = ()) -> None:
         """Append events that change no memory (notifications, webhook outcomes).
@@ -267,12 +228,12 @@ class MemoryEngine:
         event: str = "",
         cause: Cause | None = None,
         extra: Bookkeeping = (),
-    ) -> list[MemoryRecord]:
+    ) -> list[Current]:
         """Apply ``edit`` to each memory (one channel), in one batch with ``extra``."""
         if not memory_ids:
             self.log(extra=extra)
             return []
-        live = self._reg.existing(channel, memory_ids[0])
+        live = self.channels.existing(channel, memory_ids[0])
         with live.lock:
             policy, clocks = live.policy, live.clocks()
             changes: list[MemoryRecord] = []
@@ -291,7 +252,7 @@ class MemoryEngine:
                         heat = current_heat(changed, policy, clocks)
                         change.log(memory_event(event, changed, clocks.now, heat, cause=cause))
                 change.keep(extra)
-            return [replace(changed) for changed in changes]
+            return [live.current(changed, clocks) for changed in changes]
 
     # A trigger's action passes ``cause`` and, as ``extra``, its cursor and bookkeeping
     # writes: they join the action's own batch, so after a crash the action is either
@@ -304,7 +265,7 @@ class MemoryEngine:
         on: bool,
         cause: Cause | None = None,
         extra: Bookkeeping = (),
-    ) -> MemoryRecord:
+    ) -> Current:
         """Pin (keystone) or unpin a memory; a trigger's pin is logged as a ``pin`` event."""
         [changed] = self._change(
             channel,
@@ -323,7 +284,7 @@ class MemoryEngine:
         delta: float,
         cause: Cause | None = None,
         extra: Bookkeeping = (),
-    ) -> MemoryRecord:
+    ) -> Current:
         """Add heat to a memory; 0 means the channel's ``boost_delta``."""
         [changed] = self.boost_all(channel, [memory_id], delta, cause, extra)
         return changed
@@ -335,7 +296,7 @@ class MemoryEngine:
         delta: float,
         cause: Cause | None = None,
         extra: Bookkeeping = (),
-    ) -> list[MemoryRecord]:
+    ) -> list[Current]:
         """Add heat to several memories of a channel in one batch (a trigger's boost of
         a memory's neighbours); none is boosted if one cannot be."""
         return self._change(
@@ -354,7 +315,7 @@ class MemoryEngine:
         tags: dict[str, str],
         cause: Cause | None = None,
         extra: Bookkeeping = (),
-    ) -> MemoryRecord:
+    ) -> Current:
         """Add tags to a memory (a trigger's ``tag`` action)."""
 
         def add(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
@@ -370,7 +331,7 @@ class MemoryEngine:
         memory_id: str,
         cause: Cause | None = None,
         extra: Bookkeeping = (),
-    ) -> MemoryRecord:
+    ) -> Current:
         """Mark a memory superseded (a trigger's ``deprecate`` action)."""
 
         def mark(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
@@ -383,7 +344,7 @@ class MemoryEngine:
         """Link two memories of a channel by hand (a ``manual`` edge)."""
         if from_id == to_id:
             raise InvalidArgumentError("to_id: a memory cannot be linked to itself")
-        live = self._reg.existing(channel, from_id)
+        live = self.channels.existing(channel, from_id)
         with live.lock:
             for memory_id in (from_id, to_id):
                 if self._get(live, memory_id).state == DELETED:
@@ -392,9 +353,9 @@ class MemoryEngine:
                 edge = change.link(from_id, to_id, "manual", weight)
             return edge
 
-    def update(self, change: UpdateChange, vector: np.ndarray | None) -> MemoryRecord:
+    def update(self, change: UpdateChange, vector: np.ndarray | None) -> Current:
         """Correct a memory; a new text comes with its new embedding."""
-        live = self._reg.existing(change.channel, change.memory_id)
+        live = self.channels.existing(change.channel, change.memory_id)
         with live.lock:
             policy, clocks = live.policy, live.clocks()
             current = self._get(live, change.memory_id)
@@ -416,11 +377,11 @@ class MemoryEngine:
                 writing.put(changed, vector)
                 if change.text is not None:  # a corrected text settles its conflicts
                     writing.settle_all(changed.id)
-            return replace(changed)
+            return live.current(changed, clocks)
 
     def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
         """Forget memories: each becomes a tombstone without text, embedding or edges."""
-        live = self._reg.find(channel)
+        live = self.channels.find(channel)
         if live is None:
             return 0
         with live.lock:
@@ -446,7 +407,7 @@ class MemoryEngine:
         A channel never written to has nothing to consolidate: its report is all
         zeros, and nothing is written (no channel record, no dream event).
         """
-        live = self._reg.find(channel)
+        live = self.channels.find(channel)
         if live is None:
             return DreamReport()
         with live.dream_lock:
@@ -457,12 +418,8 @@ class MemoryEngine:
 
         Offering nothing to a channel never written to leaves it unwritten (accumulated 0).
         """
-        live = self._reg.channel(channel) if entropy else self._reg.find(channel)
+        live = self.channels.channel(channel) if entropy else self.channels.find(channel)
         if live is None:
             return 0, None
         accumulated, crossed = self._dreamer.add_entropy(live, entropy)
         return accumulated, self.dream(channel) if crossed else None
-
-    def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
-        """The channel's open conflicts as (a, b, reason)."""
-        return self._reg.conflicts(channel)

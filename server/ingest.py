@@ -21,24 +21,16 @@ from calor.server.heat import SOURCE_TRUST
 from calor.server.ids import new_id
 from calor.server.index import ChannelIndex, ScratchIndex
 from calor.server.lifecycle import refresh_utility
-from calor.server.policy import ChannelPolicy
-from calor.server.records import MemoryRecord
+from calor.server.policy import ChannelPolicy, IngestTuning
+from calor.server.records import DELETED, MERGED, MemoryRecord
 
-__all__ = ["NEAR_DUPLICATE", "Ingested", "Neighbourhood", "build_records"]
+__all__ = ["Ingested", "Neighbourhood", "build_records", "novelty_adjustment"]
 
-NEAR_DUPLICATE = 0.95
-NOVELTY_NEIGHBOURS = 5
-# An entity named by more memories than this links no more of them: such hubs (often a
-# capitalised word that merely opens many sentences) would tie the whole channel together.
-ENTITY_HUB = 50
-NOVELTY_BONUS = 0.3
-NEAR_DUPLICATE_PENALTY = 0.2
+# Novelty, near-duplicates and entity hubs are channel settings (``ChannelPolicy.ingest``).
+
 # Items of a batch are linked a chunk at a time: exact search over the channel, over the
 # batch's earlier chunks, and within the chunk, never an all-pairs matrix of the batch.
 _CHUNK = 64
-# Cosine of the nearest memory at or above which a memory earns no novelty bonus,
-# and at or below which it earns all of it.
-_FAMILIAR, _NOVEL = 0.85, 0.50
 
 
 @dataclass
@@ -60,8 +52,13 @@ class Neighbourhood:
         return held if added is None else [*held, *added]
 
     def last(self, session: str) -> tuple[str, float] | None:
-        """The latest memory of a session stream, the batch's own first."""
-        return self.added_last.get(session) or self.last_in_session.get(session)
+        """The latest memory of a session stream, the batch's own first; none when that
+        memory was forgotten or merged away (nothing links to those)."""
+        found = self.added_last.get(session) or self.last_in_session.get(session)
+        held = self.records.get(found[0]) if found is not None else None
+        if held is not None and held.state in (DELETED, MERGED):
+            return None
+        return found
 
     def remember(self, record: MemoryRecord) -> None:
         """Let later items of the same batch link to this record."""
@@ -81,12 +78,16 @@ class Ingested:
     confirms: list[str] = field(default_factory=list)
 
 
-def novelty_adjustment(nearest: float) -> float:
-    """Importance change for a memory whose closest neighbour has cosine ``nearest``."""
-    if nearest >= NEAR_DUPLICATE:
-        return -NEAR_DUPLICATE_PENALTY
-    share = (_FAMILIAR - nearest) / (_FAMILIAR - _NOVEL)
-    return NOVELTY_BONUS * min(1.0, max(0.0, share))
+def novelty_adjustment(nearest: float, tuning: IngestTuning) -> float:
+    """Importance change for a memory whose closest neighbour has cosine ``nearest``: the
+    near-duplicate penalty, else a bonus that grows linearly from none at the familiar
+    similarity to all of it at the novel one."""
+    if nearest >= tuning.near_duplicate_similarity:
+        return -tuning.near_duplicate_penalty
+    share = (tuning.familiar_similarity - nearest) / (
+        tuning.familiar_similarity - tuning.novel_similarity
+    )
+    return tuning.novelty_bonus * min(1.0, max(0.0, share))
 
 
 def _session(item: NewMemory) -> str:
@@ -109,7 +110,7 @@ def build_records(
     Later items of the batch see earlier ones as neighbours, so a batch links the
     same way as the same memories stored one by one.
     """
-    k = max(NOVELTY_NEIGHBOURS, policy.semantic_link_max)
+    k = max(policy.ingest.novelty_neighbours, policy.semantic_link_max)
     earlier = ScratchIndex(vectors.shape[1])
     out: list[Ingested] = []
     for start in range(0, len(items), _CHUNK):
@@ -161,8 +162,8 @@ def _one(
     importance = item.importance
     if importance is None:
         importance = policy.default_importance * SOURCE_TRUST[item.source]
-        importance = min(1.0, max(0.0, importance + novelty_adjustment(nearest)))
-    if nearest >= NEAR_DUPLICATE:
+        importance = min(1.0, max(0.0, importance + novelty_adjustment(nearest, policy.ingest)))
+    if nearest >= policy.ingest.near_duplicate_similarity:
         provenance["near_duplicate_of"] = candidates[0][1]
         confirms.append(candidates[0][1])
     record = MemoryRecord(
@@ -204,7 +205,7 @@ def _links(
             edges[(other, "semantic")] = Edge(record.id, other, "semantic", similarity)
     for entity in record.entities:
         members = hood.members(entity_key(entity))
-        if len(members) > ENTITY_HUB:
+        if len(members) > policy.ingest.entity_hub:
             continue  # named in so many memories it tells them apart no more than "the"
         for other in members[-policy.entity_link_max :]:
             edges.setdefault((other, "entity"), Edge(record.id, other, "entity", 1.0))

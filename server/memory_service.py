@@ -22,12 +22,11 @@ from calor.server.convert import (
 from calor.server.embedding import BatchEmbedding
 from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
 from calor.server.markdown import MarkdownReader, render_header, render_memory, to_new_memory
-from calor.server.records import MemoryRecord
-from calor.server.results import Stored
+from calor.server.results import Current, Stored
 from calor.server.rpc import abort_with, rpc_errors
 from calor.server.runtime import Runtime
 from calor.server.settings import settings_message
-from calor.server.validation import encode_page_token
+from calor.server.wire import encode_page_token
 from calor.v1 import memory_pb2, memory_service_pb2_grpc
 from calor.v1 import memory_service_pb2 as pb
 
@@ -44,10 +43,9 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
 
-    def _memory(self, record: MemoryRecord) -> memory_pb2.Memory:
-        engine = self._rt.engine
-        evolved = engine.evolved(record)
-        return memory_message(evolved, engine.heat(evolved))
+    @staticmethod
+    def _memory(current: Current) -> memory_pb2.Memory:
+        return memory_message(current.record, current.heat)
 
     async def _store(self, items: list[NewMemory]) -> list[Stored]:
         engine = self._rt.engine
@@ -58,12 +56,12 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Store(self, request: pb.StoreRequest, context: _Context) -> pb.StoreResponse:
         item = self._rt.validator.store(request)
         earlier = await self._rt.run(
-            self._rt.engine.find_idempotent, item.channel, item.idempotency_key
+            self._rt.engine.channels.find_idempotent, item.channel, item.idempotency_key
         )
         if earlier is not None:
             return pb.StoreResponse(memory=self._memory(earlier))
         [stored] = await self._store([item])
-        return pb.StoreResponse(memory=self._memory(stored.record))
+        return pb.StoreResponse(memory=memory_message(stored.record, stored.heat))
 
     async def StoreStream(
         self, request_iterator: AsyncIterator[pb.StoreStreamRequest], context: _Context
@@ -106,11 +104,14 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
         query = self._rt.validator.recall(request)
         vector = await self._rt.embeddings.query(query.query)
-        critical = self._rt.engine.policy(query.channel).load_inflight_critical
+        critical = self._rt.engine.channels.policy(query.channel).load_inflight_critical
         overloaded = self._rt.inflight + 1 >= critical  # counting this call
         result = await self._rt.run(self._rt.engine.recall, query, vector, overloaded)
         reply = pb.RecallResponse(
-            hits=[hit_message(hit, self._memory(hit.record)) for hit in result.hits]
+            hits=[
+                hit_message(hit, self._memory(now))
+                for hit, now in zip(result.hits, result.memories, strict=True)
+            ]
         )
         if result.window is not None:
             reply.temporal_window.CopyFrom(window_message(result.window))
@@ -133,9 +134,9 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         self, request: pb.ListMemoriesRequest, context: _Context
     ) -> pb.ListMemoriesResponse:
         query = self._rt.validator.list_query(request)
-        page, after = await self._rt.run(self._rt.engine.list_page, query)
+        page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
         return pb.ListMemoriesResponse(
-            memories=[self._memory(r) for r in page],
+            memories=[self._memory(now) for now in page],
             next_page_token=encode_page_token(after) if after else "",
         )
 
@@ -177,7 +178,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             raise InvalidArgumentError(f"ids: more than {limit} in one call")
         ids = [validator.memory_id(i, "ids") for i in request.ids]
         if request.HasField("filter"):
-            ids.extend(await self._rt.run(self._rt.engine.matching, channel, self._filter(request)))
+            ids.extend(await self._rt.run(self._rt.engine.channels.matching, self._filter(request)))
         elif not ids:
             raise InvalidArgumentError("forget: give ids or a filter")
         count = await self._rt.run(self._rt.engine.forget, channel, ids)
@@ -205,11 +206,11 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     @rpc_errors
     async def Identity(self, request: pb.IdentityRequest, context: _Context) -> pb.IdentityResponse:
         channel = self._rt.validator.channel(request.channel)
-        status = await self._rt.run(self._rt.engine.status, channel)
-        policy = self._rt.engine.policy(channel)
+        status = await self._rt.run(self._rt.engine.channels.status, channel)
+        policy = self._rt.engine.channels.policy(channel)
         reply = status_message(status)
         reply.active_gates.extend(active_gates(policy))
-        conflicts = await self._rt.run(self._rt.engine.conflicts, channel)
+        conflicts = await self._rt.run(self._rt.engine.channels.conflicts, channel)
         reply.conflicts.extend(
             memory_pb2.Conflict(a_id=a, b_id=b, reason=reason) for a, b, reason in conflicts
         )
@@ -284,16 +285,15 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             )
             total = len(
                 await self._rt.run(
-                    self._rt.engine.matching, channel, ListQuery(channel=channel, states=states)
+                    self._rt.engine.channels.matching, ListQuery(channel=channel, states=states)
                 )
             )
             header = render_header(channel, self._rt.clock.now(), total)
             yield pb.ExportResponse(markdown=header, memories=0)
             query = ListQuery(channel=channel, page_size=_EXPORT_PAGE, states=states)
             while True:
-                page, after = await self._rt.run(self._rt.engine.list_page, query)
-                engine = self._rt.engine
-                sections = [render_memory(r, engine.heat(r), engine.evolved(r).state) for r in page]
+                page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
+                sections = [render_memory(now.record, now.heat, now.record.state) for now in page]
                 if sections:
                     yield pb.ExportResponse(markdown="".join(sections), memories=len(sections))
                 if not after:

@@ -12,7 +12,14 @@ from typing import Any
 
 from calor.server.heat import DEFAULT_PROFILES, TypeProfile
 
-__all__ = ["DECAY_MODES", "ChannelPolicy", "RecallWeights"]
+__all__ = [
+    "DECAY_MODES",
+    "ChannelPolicy",
+    "ConfidenceBands",
+    "DreamThresholds",
+    "IngestTuning",
+    "RecallWeights",
+]
 
 DECAY_MODES = ("time", "interaction", "hybrid")
 
@@ -29,6 +36,84 @@ class RecallWeights:
     temporal: float = 0.40
     own_channel: float = 0.10
     temporal_fade_days: float = 7.0
+
+
+@dataclass(frozen=True)
+class ConfidenceBands:
+    """Where a recall hit's confidence band starts, from its evidence of relevance (DESIGN §5).
+
+    Attributes:
+        high: Cosine similarity at or above which a hit is ``high``.
+        mid: Cosine similarity at or above which a hit is ``mid``.
+        keyword_similarity / keyword_overlap: A hit with at least this similarity and
+            at least this share of the query's words is ``mid`` too.
+    """
+
+    high: float = 0.65
+    mid: float = 0.50
+    keyword_similarity: float = 0.45
+    keyword_overlap: float = 0.50
+
+
+@dataclass(frozen=True)
+class DreamThresholds:
+    """What a dream merges, promotes, prunes and archives (DESIGN §6).
+
+    Attributes:
+        conflict_similarity: Cosine at or above which two memories that disagree (a
+            negation, a differing number) open a conflict.
+        merge_similarity: Cosine every pair of a cluster reaches for it to merge.
+        keystone_recalls / keystone_heat: Recalls and heat that make a keystone.
+        semantic_importance / semantic_recalls: Importance and recalls that promote an
+            episodic memory to semantic.
+        archive_age_days / archive_heat / archive_importance / archive_recalls: Older
+            than, and below each of, these a memory moves to cold storage.
+        archive_exempt_types: Memory types archival never moves (nor keystones).
+        prune_heat: Heat below which a ghost is pruned.
+        channel_cooling: Share of the channel's heat a dream takes away.
+    """
+
+    conflict_similarity: float = 0.80
+    merge_similarity: float = 0.85
+    keystone_recalls: int = 5
+    keystone_heat: float = 0.70
+    semantic_importance: float = 0.70
+    semantic_recalls: int = 5
+    archive_age_days: float = 90.0
+    archive_heat: float = 0.15
+    archive_importance: float = 0.30
+    archive_recalls: int = 3
+    archive_exempt_types: tuple[str, ...] = ("semantic", "procedural", "core")
+    prune_heat: float = 1e-3
+    channel_cooling: float = 0.50
+
+
+@dataclass(frozen=True)
+class IngestTuning:
+    """How a store weighs a new memory against what the channel holds (DESIGN §4).
+
+    Attributes:
+        near_duplicate_similarity: Cosine to the nearest memory at or above which a new
+            memory is a near-duplicate (it loses ``near_duplicate_penalty`` importance and
+            confirms the older one).
+        novelty_neighbours: Nearest memories a store compares a new one with.
+        novelty_bonus: Most importance a novel memory gains.
+        near_duplicate_penalty: Importance a near-duplicate loses.
+        familiar_similarity / novel_similarity: Cosine to the nearest memory at or above
+            which a memory earns no novelty bonus, and at or below which it earns all of
+            it (linearly between).
+        entity_hub: Memories naming one entity past which a store links no more of them
+            by that entity (such hubs, often a capitalised word that merely opens many
+            sentences, would tie the whole channel together).
+    """
+
+    near_duplicate_similarity: float = 0.95
+    novelty_neighbours: int = 5
+    novelty_bonus: float = 0.30
+    near_duplicate_penalty: float = 0.20
+    familiar_similarity: float = 0.85
+    novel_similarity: float = 0.50
+    entity_hub: int = 50
 
 
 @dataclass(frozen=True)
@@ -65,6 +150,9 @@ class ChannelPolicy:
         working_promotion_seconds / working_promotion_recalls: When working memory
             becomes episodic.
         default_importance: Importance of a memory stored without one, before trust.
+        bands: Where recall's confidence bands start.
+        dreams: What a dream merges, promotes, prunes and archives.
+        ingest: Novelty and near-duplicate tuning of the store pipeline.
     """
 
     profiles: dict[str, TypeProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
@@ -96,6 +184,9 @@ class ChannelPolicy:
     working_promotion_seconds: float = 1800.0
     working_promotion_recalls: int = 2
     default_importance: float = 0.5
+    bands: ConfidenceBands = field(default_factory=ConfidenceBands)
+    dreams: DreamThresholds = field(default_factory=DreamThresholds)
+    ingest: IngestTuning = field(default_factory=IngestTuning)
 
     def profile(self, memory_type: str) -> TypeProfile:
         """The decay profile of a memory type."""
@@ -116,6 +207,23 @@ class ChannelPolicy:
             profiles = dict(policy.profiles)
             profiles.update({k: TypeProfile(**v) for k, v in values.pop("profiles").items()})
             values["profiles"] = profiles
-        if "weights" in values:
-            values["weights"] = RecallWeights(**values["weights"])
+        for name, group in _GROUPS.items():
+            if name in values:
+                values[name] = _group(group, values[name])
         return replace(policy, **values)
+
+
+_GROUPS: dict[str, type] = {
+    "weights": RecallWeights,
+    "bands": ConfidenceBands,
+    "dreams": DreamThresholds,
+    "ingest": IngestTuning,
+}
+
+
+def _group(group: type, raw: dict[str, Any]) -> Any:
+    """A nested settings group from JSON; fields it lacks keep their defaults, fields it
+    no longer has are dropped, and lists become the tuples the group holds."""
+    known = {f.name for f in fields(group)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
+    return group(**values)

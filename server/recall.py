@@ -19,11 +19,12 @@ from datetime import UTC, datetime
 import numpy as np
 
 from calor.server.commands import RecallQuery
+from calor.server.gates import fidelity_admits
 from calor.server.heat import SOURCE_TRUST
 from calor.server.index import ChannelIndex
 from calor.server.lexical import tokenize
 from calor.server.lifecycle import Clocks, current_heat, evolve
-from calor.server.policy import ChannelPolicy
+from calor.server.policy import ChannelPolicy, ConfidenceBands
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.temporal import TimeWindow, detect_window, temporal_boost
 
@@ -41,13 +42,11 @@ _ASKS_FOR_AGENT_WORDS = re.compile(
     re.IGNORECASE,
 )
 _AGENT_FIRST = {**SOURCE_TRUST, "human": SOURCE_TRUST["agent"], "agent": SOURCE_TRUST["human"]}
-HIGH_BAND = 0.65
-MID_BAND = 0.50
 
 
 @dataclass
 class Hit:
-    """One ranked memory and the parts of its score."""
+    """One ranked memory, the parts of its score, and its confidence band (:func:`band`)."""
 
     record: MemoryRecord
     score: float
@@ -58,22 +57,21 @@ class Hit:
     channel_bonus: float
     lexical: float = 0.0
     source: float = 0.0
-
-    @property
-    def band(self) -> str:
-        """The confidence band of this hit."""
-        return band(self.similarity, self.keyword)
+    band: str = "low"
 
 
-def band(similarity: float, keyword: float) -> str:
+def band(similarity: float, keyword: float, bands: ConfidenceBands) -> str:
     """A stable confidence band from the evidence of relevance alone (not heat or time).
 
     ``high`` when the meaning is close; ``mid`` when it is near, or when moderate
-    meaning is backed by most of the query's words; ``low`` otherwise.
+    meaning is backed by most of the query's words; ``low`` otherwise. Where each starts
+    is the channel's setting (``bands``).
     """
-    if similarity >= HIGH_BAND:
+    if similarity >= bands.high:
         return "high"
-    if similarity >= MID_BAND or (similarity >= 0.45 and keyword >= 0.5):
+    if similarity >= bands.mid or (
+        similarity >= bands.keyword_similarity and keyword >= bands.keyword_overlap
+    ):
         return "mid"
     return "low"
 
@@ -102,7 +100,7 @@ def _passes(record: MemoryRecord, heat: float, query: RecallQuery, policy: Chann
         return False
     if heat < query.min_heat:
         return False
-    if policy.gate_fidelity and heat < policy.survival_gate:
+    if not fidelity_admits(policy, heat):
         return False
     return all(record.tags.get(key) == value for key, value in query.tags)
 
@@ -154,7 +152,8 @@ def rank_channel(
             + bonus
             + trust
         )
-        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus, words, trust))
+        confidence = band(sim, keyword, policy.bands)
+        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus, words, trust, confidence))
     return hits
 
 

@@ -18,7 +18,7 @@ from calor.server.errors import NotFoundError
 from calor.server.lifecycle import crossing_at, current_heat
 from calor.server.policy import ChannelPolicy
 from calor.server.records import DELETED, MemoryRecord
-from calor.server.results import ChannelStatus
+from calor.server.results import ChannelStatus, Current
 from calor.server.store import MemoryStore
 
 __all__ = ["ChannelRegistry"]
@@ -92,27 +92,12 @@ class ChannelRegistry:
             change.set_policy(policy)
         return policy
 
-    def evolved(self, record: MemoryRecord) -> MemoryRecord:
-        """The record as it stands now (promotion and state transitions applied)."""
-        return self._view_of(record).evolved(record)
-
-    def heat(self, record: MemoryRecord) -> float:
-        """A memory's heat now."""
-        return self._view_of(record).heat(record)
-
-    def _view_of(self, record: MemoryRecord) -> Channel:
-        """The view of a record's channel; an unregistered empty one if there is none."""
-        found = self._channels.get(record.channel)
-        if found is None:
-            return Channel(record.channel, self._store.dim, self._default_policy, self._clock)
-        return found
-
-    def list_page(self, query: ListQuery) -> tuple[list[MemoryRecord], str]:
+    def list_page(self, query: ListQuery) -> tuple[list[Current], str]:
         """A page of memories in id order, and the id to resume after ('' at the end)."""
         channel = self.find(query.channel)
         if channel is None:
             return [], ""
-        page: list[MemoryRecord] = []
+        page: list[Current] = []
         with channel.lock:
             clocks = channel.clocks()
             for memory_id in channel.ids_after(query.after_id):
@@ -120,8 +105,8 @@ class ChannelRegistry:
                 if not query.matches(record):
                     continue
                 if len(page) == query.page_size:
-                    return page, page[-1].id
-                page.append(replace(record))
+                    return page, page[-1].record.id
+                page.append(channel.current(record, clocks))
         return page, ""
 
     def status(self, channel: str) -> ChannelStatus:
@@ -184,12 +169,12 @@ class ChannelRegistry:
         page_query = replace(query, page_size=1000)
         while True:
             page, after = self.list_page(page_query)
-            ids.extend(r.id for r in page)
+            ids.extend(c.record.id for c in page)
             if not after:
                 return ids
             page_query = replace(page_query, after_id=after)
 
-    def find_idempotent(self, channel: str, key: str) -> MemoryRecord | None:
+    def find_idempotent(self, channel: str, key: str) -> Current | None:
         """The memory an earlier store with this idempotency key made, if any."""
         if not key:
             return None
@@ -199,7 +184,7 @@ class ChannelRegistry:
             return None
         with live.lock:
             record = live.records.get(memory_id)
-            return None if record is None else record.copy()
+            return None if record is None else live.current(record)
 
     def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
         """The channel's open conflicts as (a, b, reason)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from calor.server.channel_state import ChannelState
 from calor.server.ingest import Ingested
@@ -10,7 +10,16 @@ from calor.server.recall import Hit
 from calor.server.records import MemoryRecord
 from calor.server.temporal import TimeWindow
 
-__all__ = ["ChannelStatus", "Prepared", "RecallResult", "Stored"]
+__all__ = ["ChannelStatus", "Current", "Prepared", "RecallResult", "Stored"]
+
+
+@dataclass(frozen=True)
+class Current:
+    """A memory as it stands at the moment of reply: its evolved record (a copy) and
+    its heat then."""
+
+    record: MemoryRecord
+    heat: float
 
 
 @dataclass(frozen=True)
@@ -26,18 +35,22 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Stored:
-    """The outcome of one store: the memory, and whether this call created it."""
+    """The outcome of one store: the memory as it stands, its heat, and whether this call
+    created it."""
 
     record: MemoryRecord
     created: bool
+    heat: float = 1.0
 
 
 @dataclass(frozen=True)
 class RecallResult:
-    """Ranked hits and the time window the query named, if any."""
+    """Ranked hits, the time window the query named (if any), and each hit's memory as
+    it stands after the recall."""
 
     hits: list[Hit]
     window: TimeWindow | None
+    memories: list[Current] = field(default_factory=list)  # each hit's memory, as it stands
 
 
 @dataclass(frozen=True)

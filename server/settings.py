@@ -39,12 +39,13 @@ class _Rule:
     """Where a scalar ChannelSettings field lives in the policy, and what it may hold.
 
     Attributes:
-        attr: The ChannelPolicy attribute (a RecallWeights one when ``in_weights``).
+        attr: The attribute, of ChannelPolicy or (with ``group``) of one of its groups.
         kind: The Python type of the value: ``bool``, ``int`` or ``float``.
         low: The least value allowed (excluded when ``low_open``).
         high: The greatest value allowed.
         low_open: Whether ``low`` itself is out of range.
-        in_weights: Whether the value lives in ``ChannelPolicy.weights``.
+        group: The ChannelPolicy attribute holding the value's group (``weights``,
+            ``bands``, ``dreams``, ``ingest``); empty for a value of the policy itself.
     """
 
     attr: str
@@ -52,7 +53,7 @@ class _Rule:
     low: float = -math.inf
     high: float = math.inf
     low_open: bool = False
-    in_weights: bool = False
+    group: str = ""
 
     def check(self, field: str, value: Any) -> Any:
         """The value if it is allowed; otherwise InvalidArgumentError naming ``field``."""
@@ -81,23 +82,36 @@ def _flag(attr: str) -> _Rule:
     return _Rule(attr, bool)
 
 
-def _heat(attr: str) -> _Rule:
-    return _Rule(attr, float, 0.0, 1.0)
+def _heat(attr: str, group: str = "") -> _Rule:
+    return _Rule(attr, float, 0.0, 1.0, group=group)
 
 
-def _positive(attr: str, in_weights: bool = False) -> _Rule:
-    return _Rule(attr, float, 0.0, low_open=True, in_weights=in_weights)
+def _positive(attr: str, group: str = "") -> _Rule:
+    return _Rule(attr, float, 0.0, low_open=True, group=group)
 
 
-def _count(attr: str, low: int, high: float = math.inf) -> _Rule:
-    return _Rule(attr, int, low, high)
+def _count(attr: str, low: int, high: float = math.inf, group: str = "") -> _Rule:
+    return _Rule(attr, int, low, high, group=group)
 
 
 def _weight(attr: str, high: float = math.inf) -> _Rule:
-    return _Rule(attr, float, 0.0, high, in_weights=True)
+    return _Rule(attr, float, 0.0, high, group="weights")
 
 
-# Every ChannelSettings field but ``decay_mode`` and ``profiles``, which have their own rules.
+def _band(attr: str) -> _Rule:
+    return _heat(attr, "bands")
+
+
+def _dream(attr: str) -> _Rule:
+    return _heat(attr, "dreams")
+
+
+def _ingest(attr: str) -> _Rule:
+    return _heat(attr, "ingest")
+
+
+# Every ChannelSettings field but ``decay_mode``, ``profiles`` and
+# ``dream_archive_exempt_types``, which have their own rules.
 _SCALARS: dict[str, _Rule] = {
     "gate_fidelity": _flag("gate_fidelity"),
     "gate_heat_ceiling": _flag("gate_heat_ceiling"),
@@ -123,7 +137,7 @@ _SCALARS: dict[str, _Rule] = {
     "weight_source": _weight("source"),
     "weight_temporal": _weight("temporal", 1.0),
     "weight_own_channel": _weight("own_channel"),
-    "temporal_fade_days": _positive("temporal_fade_days", in_weights=True),
+    "temporal_fade_days": _positive("temporal_fade_days", "weights"),
     "load_inflight_critical": _count("load_inflight_critical", 1),
     "load_reduced_limit": _count("load_reduced_limit", 1),
     "semantic_link_threshold": _heat("semantic_link_threshold"),
@@ -133,7 +147,37 @@ _SCALARS: dict[str, _Rule] = {
     "working_promotion_seconds": _positive("working_promotion_seconds"),
     "working_promotion_recalls": _count("working_promotion_recalls", 1),
     "default_importance": _heat("default_importance"),
+    "confidence_high": _band("high"),
+    "confidence_mid": _band("mid"),
+    "confidence_keyword_similarity": _band("keyword_similarity"),
+    "confidence_keyword_overlap": _band("keyword_overlap"),
+    "dream_conflict_similarity": _dream("conflict_similarity"),
+    "dream_merge_similarity": _dream("merge_similarity"),
+    "dream_keystone_recalls": _count("keystone_recalls", 0, group="dreams"),
+    "dream_keystone_heat": _dream("keystone_heat"),
+    "dream_semantic_importance": _dream("semantic_importance"),
+    "dream_semantic_recalls": _count("semantic_recalls", 0, group="dreams"),
+    "dream_archive_age_days": _positive("archive_age_days", "dreams"),
+    "dream_archive_heat": _dream("archive_heat"),
+    "dream_archive_importance": _dream("archive_importance"),
+    "dream_archive_recalls": _count("archive_recalls", 0, group="dreams"),
+    "dream_prune_heat": _dream("prune_heat"),
+    "dream_channel_cooling": _dream("channel_cooling"),
+    "ingest_near_duplicate_similarity": _ingest("near_duplicate_similarity"),
+    "ingest_near_duplicate_penalty": _ingest("near_duplicate_penalty"),
+    "ingest_novelty_neighbours": _count("novelty_neighbours", 1, 1000, group="ingest"),
+    "ingest_novelty_bonus": _ingest("novelty_bonus"),
+    "ingest_familiar_similarity": _ingest("familiar_similarity"),
+    "ingest_novel_similarity": _ingest("novel_similarity"),
+    "ingest_entity_hub": _count("entity_hub", 1, group="ingest"),
 }
+
+# Pairs of fields whose first must stay below (``strict``) or at most their second.
+_ORDERED: tuple[tuple[str, str, bool], ...] = (
+    ("confidence_mid", "confidence_high", False),
+    ("ingest_novel_similarity", "ingest_familiar_similarity", True),
+)
+_EXEMPT_TYPES = "dream_archive_exempt_types"
 
 _PROFILE_RULES: dict[str, _Rule] = {
     "half_life_seconds": _positive("half_life_seconds"),
@@ -141,7 +185,7 @@ _PROFILE_RULES: dict[str, _Rule] = {
     "stability_gain": _Rule("stability_gain", float, 1.0),
 }
 
-_PATHS = frozenset({"decay_mode", "profiles", *_SCALARS})
+_PATHS = frozenset({"decay_mode", "profiles", _EXEMPT_TYPES, *_SCALARS})
 
 
 def settings_message(policy: ChannelPolicy) -> memory_pb2.ChannelSettings:
@@ -149,14 +193,19 @@ def settings_message(policy: ChannelPolicy) -> memory_pb2.ChannelSettings:
 
     Profiles come in the order of the ``MemoryType`` enum.
     """
-    values: dict[str, Any] = {
-        name: getattr(policy.weights if rule.in_weights else policy, rule.attr)
-        for name, rule in _SCALARS.items()
-    }
+    values: dict[str, Any] = {name: _value(policy, name) for name in _SCALARS}
     profiles = [_profile_message(number, policy.profile(name)) for number, name in _TYPES]
+    exempt = policy.dreams.archive_exempt_types
+    values[_EXEMPT_TYPES] = [number for number, name in _TYPES if name in exempt]
     return memory_pb2.ChannelSettings(
         decay_mode=_MODE_NUMBERS[policy.decay_mode], profiles=profiles, **values
     )
+
+
+def _value(policy: ChannelPolicy, name: str) -> Any:
+    """The policy's value of the scalar ChannelSettings field ``name``."""
+    rule = _SCALARS[name]
+    return getattr(getattr(policy, rule.group) if rule.group else policy, rule.attr)
 
 
 def apply_settings(
@@ -178,22 +227,50 @@ def apply_settings(
 
     Raises:
         InvalidArgumentError: The mask is empty or names an unknown field, or a named
-            value is out of range (the message names the field).
+            value is out of range or out of order with a related field (the message
+            names the field).
     """
     changes: dict[str, Any] = {}
-    weights: dict[str, Any] = {}
+    groups: dict[str, dict[str, Any]] = {}
     for path in _paths(mask):
         if path == "decay_mode":
             changes["decay_mode"] = _decay_mode(update.decay_mode)
         elif path == "profiles":
             changes["profiles"] = _merge_profiles(current.profiles, update.profiles)
+        elif path == _EXEMPT_TYPES:
+            exempt = _memory_types(path, update.dream_archive_exempt_types)
+            groups.setdefault("dreams", {})["archive_exempt_types"] = exempt
         else:
             rule = _SCALARS[path]
             value = rule.check(path, getattr(update, path))
-            (weights if rule.in_weights else changes)[rule.attr] = value
-    if weights:
-        changes["weights"] = replace(current.weights, **weights)
-    return replace(current, **changes)
+            target = groups.setdefault(rule.group, {}) if rule.group else changes
+            target[rule.attr] = value
+    for group, values in groups.items():
+        changes[group] = replace(getattr(current, group), **values)
+    policy = replace(current, **changes)
+    _check_order(policy)
+    return policy
+
+
+def _check_order(policy: ChannelPolicy) -> None:
+    """Refuse a policy in which a pair of related fields is out of order."""
+    for low, high, strict in _ORDERED:
+        below, above = _value(policy, low), _value(policy, high)
+        if below > above or (strict and below == above):
+            relation = "below" if strict else "at most"
+            raise InvalidArgumentError(f"{low}: must be {relation} {high} ({above}), got {below}")
+
+
+def _memory_types(field: str, numbers: Iterable[int]) -> tuple[str, ...]:
+    """Memory type names for a list of MemoryType numbers, each once, in the enum's order."""
+    names: set[str] = set()
+    for number in numbers:
+        name = _TYPE_NAMES.get(number)
+        if name is None:
+            given = _enum_name(memory_pb2.MemoryType.DESCRIPTOR, number)
+            raise InvalidArgumentError(f"{field}: {given} is not a memory type")
+        names.add(name)
+    return tuple(name for _, name in _TYPES if name in names)
 
 
 def _paths(mask: FieldMask) -> list[str]:

@@ -42,7 +42,7 @@ class SettingsServicer(settings_service_pb2_grpc.SettingsServiceServicer):
     ) -> pb.GetSettingsResponse:
         """The settings in force in a channel (DESIGN's defaults for a new one)."""
         channel = self._rt.validator.channel(request.channel)
-        policy = await self._rt.run(self._rt.engine.policy, channel)
+        policy = await self._rt.run(self._rt.engine.channels.policy, channel)
         return pb.GetSettingsResponse(settings=settings_message(policy))
 
     @rpc_errors
@@ -57,7 +57,7 @@ class SettingsServicer(settings_service_pb2_grpc.SettingsServiceServicer):
         channel = self._rt.validator.channel(request.channel)
         engine = self._rt.engine
         async with self._lock(channel):
-            current = await self._rt.run(engine.policy, channel)
+            current = await self._rt.run(engine.channels.policy, channel)
             policy = apply_settings(current, request.settings, request.update_mask)
-            stored = await self._rt.run(engine.set_policy, channel, policy)
+            stored = await self._rt.run(engine.channels.set_policy, channel, policy)
         return pb.UpdateSettingsResponse(settings=settings_message(stored))

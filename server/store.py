@@ -5,6 +5,7 @@ Schema version 2. Keys are raw bytes; channel names never hold NUL (``\\0`` belo
 
     meta:schema                        JSON {schema_version, model_id, dim}
     meta:migrations                    JSON list of the migrations this store went through
+    meta:last_seq                      the last event number given (kept when the log is trimmed)
     m:<channel>\\0<id>                  MemoryRecord JSON
     v:<channel>\\0<id>                  float32 embedding, little-endian
     i:<channel>\\0<key>                 id of the memory stored under an idempotency key
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 import threading
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
@@ -62,6 +64,9 @@ from calor.server.ops import (
 )
 from calor.server.records import MemoryRecord
 
+if typing.TYPE_CHECKING:
+    from calor.server.consistency import Embed, Problem
+
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
 SCHEMA_VERSION = 2
@@ -85,6 +90,7 @@ class Keys:
 
     META = b"meta:schema"
     MIGRATIONS = b"meta:migrations"
+    LAST_SEQ = b"meta:last_seq"
     CURSOR = b"s:cursor"
     WATERMARK = b"s:watermark"
 
@@ -248,10 +254,15 @@ class MemoryStore:
         self._listeners: list[Callable[[list[EventRecord]], None]] = []
 
     def _find_last_seq(self) -> int:
+        """The last event number given: numbers go on even after retention emptied the log."""
+        kept = self._db.get(Keys.LAST_SEQ)
+        last = int(kept) if kept is not None else 0
         for key, _ in self._db.items(backwards=True, from_key=b"l;"):
             raw_key = cast(bytes, key)
-            return int.from_bytes(raw_key[2:], "big") if raw_key.startswith(b"l:") else 0
-        return 0
+            if raw_key.startswith(b"l:"):
+                last = max(last, int.from_bytes(raw_key[2:], "big"))
+            break
+        return last
 
     def on_commit(self, listener: Callable[[list[EventRecord]], None]) -> None:
         """Call ``listener`` with the numbered events of each commit, in commit order.
@@ -314,6 +325,8 @@ class MemoryStore:
             numbered = [e.with_seq(self.last_seq + n) for n, e in enumerate(events, 1)]
             for event in numbered:
                 batch.put(Keys.event(event.seq), event.to_json())
+            if numbered:
+                batch.put(Keys.LAST_SEQ, str(numbered[-1].seq).encode())
             self._db.write(batch, self._write_options)
             if numbered:
                 self.last_seq = numbered[-1].seq
@@ -467,6 +480,13 @@ class MemoryStore:
             if not self._closed:
                 self._closed = True
                 self._db.close()
+
+    def check(self, fix: bool = False, embed: Embed | None = None) -> list[Problem]:
+        """The store's inconsistencies, repaired where possible with ``fix`` (see
+        :mod:`calor.server.consistency`); ``embed`` re-embeds lost embeddings."""
+        from calor.server.consistency import check  # it builds on this module
+
+        return check(self, fix=fix, embed=embed)
 
 
 def _write_meta(db: rocksdict.Rdict, meta: dict[str, object], migrations: list[str]) -> None:

@@ -91,7 +91,12 @@ class StorePipeline:
                 first = results[seen[(item.channel, item.idempotency_key)]]
                 assert first is not None
                 results[position] = Stored(first.record, False)
-        return [Stored(replace(r.record), r.created) for r in results if r is not None]
+        return [self._as_stored(r) for r in results if r is not None]
+
+    def _as_stored(self, stored: Stored) -> Stored:
+        """A store's outcome with its memory as it stands now."""
+        now = self._reg.channel(stored.record.channel).current(stored.record)
+        return Stored(now.record, stored.created, now.heat)
 
     def _earlier(self, channel: str, memory_id: str) -> MemoryRecord:
         """The memory an earlier store with the same idempotency key made."""

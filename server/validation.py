@@ -5,12 +5,10 @@ Nothing here touches storage, so a rejected request changes nothing.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -19,12 +17,11 @@ from calor.server.commands import ListQuery, NewMemory, RecallQuery, TagFilter, 
 from calor.server.config import Limits
 from calor.server.errors import InvalidArgumentError
 from calor.server.ids import is_valid_id
+from calor.server.wire import Enum, decode_page_token, enum_name, seconds_of
 from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = [
     "Validator",
-    "decode_page_token",
-    "encode_page_token",
     "says_nothing",
 ]
 
@@ -33,45 +30,11 @@ _MIN_TS = -62_135_596_800  # 0001-01-01
 _MAX_TS = 253_402_300_799  # 9999-12-31
 
 
-def _enum_name(enum: object, value: int, field: str, prefix: str) -> str:
-    try:
-        name: str = enum.Name(value)  # type: ignore[attr-defined]
-    except ValueError:
-        raise InvalidArgumentError(f"{field}: unknown value {value}") from None
-    return name.removeprefix(prefix).lower()
-
-
-def encode_page_token(position: str) -> str:
-    """An opaque token that resumes a listing after ``position`` (a memory id, say)."""
-    return base64.urlsafe_b64encode(position.encode()).decode()
-
-
-def decode_page_token(
-    token: str, field: str = "page_token", valid: Callable[[str], bool] = is_valid_id
-) -> str:
-    """The position a page token resumes after ('' for no token).
-
-    Only a token exactly as :func:`encode_page_token` made it, of a position that
-    ``valid`` accepts (by default a memory id), is one this server issued; anything
-    else (stray characters, other padding, text where a number belongs) is refused
-    rather than read as some other page.
-
-    Raises:
-        InvalidArgumentError: The token is not one this server issued.
-    """
-    if not token:
-        return ""
-    refused = InvalidArgumentError(
-        f"{field}: not a token this server issued; pass next_page_token back unchanged, "
-        "or leave it empty for the first page"
-    )
-    try:
-        position = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode()
-    except (binascii.Error, UnicodeError, ValueError):
-        raise refused from None
-    if not position or encode_page_token(position) != token or not valid(position):
-        raise refused
-    return position
+def _enum_name(enum: Enum, value: int, field: str, prefix: str) -> str:
+    name = enum_name(enum, prefix, value)
+    if name is None:
+        raise InvalidArgumentError(f"{field}: unknown value {value}")
+    return name
 
 
 # Characters that show nothing: controls (NUL…), format characters (zero-width spaces and
@@ -205,7 +168,7 @@ class Validator:
         """Seconds since the epoch from a Timestamp within years 1..9999."""
         if not _MIN_TS <= value.seconds <= _MAX_TS or not 0 <= value.nanos < 1_000_000_000:
             raise InvalidArgumentError(f"{field}: not a valid timestamp")
-        return value.seconds + value.nanos / 1e9
+        return seconds_of(value)
 
     def store(self, request: memory_service_pb2.StoreRequest) -> NewMemory:
         """A store request as a command."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import fields
@@ -16,7 +17,13 @@ from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import SystemClock
 from calor.server.config import ServerConfig
 from calor.server.heat import TypeProfile
-from calor.server.policy import ChannelPolicy, RecallWeights
+from calor.server.policy import (
+    ChannelPolicy,
+    ConfidenceBands,
+    DreamThresholds,
+    IngestTuning,
+    RecallWeights,
+)
 from calor.server.settings import apply_settings, settings_message
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as mpb
@@ -25,6 +32,12 @@ from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from tests.conftest import ServerThread
 from tests.helpers import DAY, EPISODIC, FACT, store, ts
+
+SEMANTIC, PROCEDURAL, CORE = (
+    memory_pb2.MEMORY_TYPE_SEMANTIC,
+    memory_pb2.MEMORY_TYPE_PROCEDURAL,
+    memory_pb2.MEMORY_TYPE_CORE,
+)
 
 Settings = memory_pb2.ChannelSettings
 Profile = memory_pb2.TypeProfile
@@ -88,6 +101,35 @@ def test_a_new_channel_has_the_design_defaults(
     assert not (got.gate_fidelity or got.gate_heat_ceiling or got.gate_load)
     assert (got.semantic_link_threshold, got.semantic_link_max) == (0.75, 8)
     assert (got.session_gap_seconds, got.working_promotion_recalls) == (1800.0, 2)
+    bands = (
+        got.confidence_high,
+        got.confidence_mid,
+        got.confidence_keyword_similarity,
+        got.confidence_keyword_overlap,
+    )
+    assert bands == (0.65, 0.50, 0.45, 0.50)
+    assert (got.dream_conflict_similarity, got.dream_merge_similarity) == (0.80, 0.85)
+    assert (got.dream_keystone_recalls, got.dream_keystone_heat) == (5, 0.70)
+    assert (got.dream_semantic_importance, got.dream_semantic_recalls) == (0.70, 5)
+    archive = (
+        got.dream_archive_age_days,
+        got.dream_archive_heat,
+        got.dream_archive_importance,
+        got.dream_archive_recalls,
+    )
+    assert archive == (90.0, 0.15, 0.30, 3)
+    assert list(got.dream_archive_exempt_types) == [SEMANTIC, PROCEDURAL, CORE]
+    assert (got.dream_prune_heat, got.dream_channel_cooling) == (1e-3, 0.50)
+    ingest = (
+        got.ingest_near_duplicate_similarity,
+        got.ingest_near_duplicate_penalty,
+        got.ingest_novelty_neighbours,
+        got.ingest_novelty_bonus,
+        got.ingest_familiar_similarity,
+        got.ingest_novel_similarity,
+        got.ingest_entity_hub,
+    )
+    assert ingest == (0.95, 0.20, 5, 0.30, 0.85, 0.50, 50)
 
 
 def test_halving_the_episodic_half_life_changes_heat_at_once_in_that_channel_only(
@@ -175,6 +217,23 @@ INVALID: dict[str, tuple[list[str], dict[str, object]]] = {
     "cold threshold above 1": (["cold_threshold"], {"cold_threshold": 1.01}),
     "zero entropy threshold": (["entropy_threshold"], {}),
     "resonance depth 9": (["resonance_depth"], {"resonance_depth": 9}),
+    "merge similarity above 1": (["dream_merge_similarity"], {"dream_merge_similarity": 1.2}),
+    "negative keystone recalls": (["dream_keystone_recalls"], {"dream_keystone_recalls": -1}),
+    "zero archive age": (["dream_archive_age_days"], {}),
+    "NaN cooling": (["dream_channel_cooling"], {"dream_channel_cooling": math.nan}),
+    "unknown exempt type": (["dream_archive_exempt_types"], {"dream_archive_exempt_types": [99]}),
+    "UNSPECIFIED exempt type": (
+        ["dream_archive_exempt_types"],
+        {"dream_archive_exempt_types": [0]},
+    ),
+    "no novelty neighbours": (["ingest_novelty_neighbours"], {}),
+    "novel at familiar": (["ingest_novel_similarity"], {"ingest_novel_similarity": 0.85}),
+    "familiar under novel": (
+        ["ingest_familiar_similarity"],
+        {"ingest_familiar_similarity": 0.4},
+    ),
+    "mid band above high": (["confidence_mid"], {"confidence_mid": 0.7}),
+    "negative band": (["confidence_high"], {"confidence_high": -0.1}),
     "one bad among good": (
         ["cold_threshold", "profiles", "channel_heat_half_life_seconds"],
         {"cold_threshold": 0.2, "profiles": [_profile(half_life_seconds=10.0)]},
@@ -197,6 +256,17 @@ NAMED = {
     "cold threshold above 1": "cold_threshold",
     "zero entropy threshold": "entropy_threshold",
     "resonance depth 9": "resonance_depth",
+    "merge similarity above 1": "dream_merge_similarity",
+    "negative keystone recalls": "dream_keystone_recalls",
+    "zero archive age": "dream_archive_age_days",
+    "NaN cooling": "dream_channel_cooling",
+    "unknown exempt type": "dream_archive_exempt_types",
+    "UNSPECIFIED exempt type": "dream_archive_exempt_types",
+    "no novelty neighbours": "ingest_novelty_neighbours",
+    "novel at familiar": "ingest_novel_similarity: must be below ingest_familiar_similarity",
+    "familiar under novel": "ingest_novel_similarity: must be below ingest_familiar_similarity",
+    "mid band above high": "confidence_mid: must be at most confidence_high (0.65), got 0.7",
+    "negative band": "confidence_high",
     "one bad among good": "channel_heat_half_life_seconds",
 }
 
@@ -299,12 +369,66 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
         gate_load=True,
         load_reduced_limit=7,
         default_importance=0.25,
+        bands=ConfidenceBands(high=0.8, mid=0.6, keyword_similarity=0.4, keyword_overlap=0.7),
+        dreams=DreamThresholds(
+            conflict_similarity=0.7,
+            merge_similarity=0.9,
+            keystone_recalls=3,
+            keystone_heat=0.6,
+            semantic_importance=0.5,
+            semantic_recalls=2,
+            archive_age_days=30.0,
+            archive_heat=0.2,
+            archive_importance=0.4,
+            archive_recalls=1,
+            archive_exempt_types=("episodic", "fact"),
+            prune_heat=0.01,
+            channel_cooling=0.25,
+        ),
+        ingest=IngestTuning(
+            near_duplicate_similarity=0.9,
+            near_duplicate_penalty=0.1,
+            novelty_neighbours=3,
+            novelty_bonus=0.2,
+            familiar_similarity=0.8,
+            novel_similarity=0.4,
+            entity_hub=20,
+        ),
     )
+    groups = {"weights": "weight_", "bands": "confidence_", "dreams": "dream_", "ingest": "ingest_"}
+    for group, prefix in groups.items():  # every value above differs from its default
+        for f in fields(getattr(policy, group)):
+            assert getattr(getattr(policy, group), f.name) != f.default, f"{prefix}{f.name}"
     message = settings_message(policy)
     every = FieldMask(paths=[f.name for f in Settings.DESCRIPTOR.fields])
     assert apply_settings(ChannelPolicy(), message, every) == policy
+    assert ChannelPolicy.from_json(policy.to_json()) == policy
     api = {f.name for f in Settings.DESCRIPTOR.fields}
-    assert {f.name for f in fields(ChannelPolicy)} - api == {"weights"}
-    assert {f"weight_{f.name}" for f in fields(RecallWeights)} - api == {
-        "weight_temporal_fade_days"
+    assert {f.name for f in fields(ChannelPolicy)} - api == set(groups)
+    named = {
+        f"{prefix}{f.name}" for g, prefix in groups.items() for f in fields(getattr(policy, g))
     }
+    assert named - api == {"weight_temporal_fade_days"}
+    grouped = {name for name in api if name.startswith(tuple(groups.values()))}
+    assert grouped - named == set()
+
+
+def test_a_policy_stored_before_the_settings_groups_loads_with_their_defaults() -> None:
+    stored = json.loads(ChannelPolicy(decay_mode="hybrid").to_json())
+    for group in ("bands", "dreams", "ingest"):
+        del stored[group]
+    stored["weights"] = {"similarity": 0.5}  # a group missing fields
+    stored["retired_setting"] = 1  # a field no longer known
+    policy = ChannelPolicy.from_json(json.dumps(stored).encode())
+    assert policy == ChannelPolicy(decay_mode="hybrid", weights=RecallWeights(similarity=0.5))
+    assert policy.dreams.archive_exempt_types == ("semantic", "procedural", "core")
+
+
+def test_the_archive_exempt_types_are_replaced_as_a_whole(
+    settings: SettingsServiceStub, channel_name: str
+) -> None:
+    path = ["dream_archive_exempt_types"]
+    answer = update(settings, channel_name, path, dream_archive_exempt_types=[CORE, FACT, CORE])
+    assert list(answer.dream_archive_exempt_types) == [FACT, CORE]  # the enum's order, once
+    assert list(get(settings, channel_name).dream_archive_exempt_types) == [FACT, CORE]
+    assert not update(settings, channel_name, path).dream_archive_exempt_types  # none exempt

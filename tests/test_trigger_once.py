@@ -226,14 +226,14 @@ def test_an_internal_action_and_its_cursor_advance_are_durable_together(
     dispatcher. What reached the disk is whole firings, each with the cursor moved past
     it; after the restart the rest fire, and nothing fires twice."""
     world = setup(*INTERNAL)
-    before = world.memories.inspect(CHANNEL, world.memory_id)[0]
+    before = world.memories.inspect(CHANNEL, world.memory_id)[0].record
     policy = WebhookPolicy(allowed_hosts=frozenset())
     crash = world.crashing(budget)
     run_triggers(crash, world.memories, policy, lambda: crash.refused > 0)
     world.reopen()
 
     fired = [r.id for r in INTERNAL][:budget]
-    record = world.memories.inspect(CHANNEL, world.memory_id)[0]
+    record = world.memories.inspect(CHANNEL, world.memory_id)[0].record
     assert (record.heat0 < before.heat0 - 0.1) == ("a-boost" in fired)
     assert (record.tags.get("k") == "v") == ("b-tag" in fired)
     for each in INTERNAL:  # each action is there with its count, or neither is
@@ -261,7 +261,7 @@ def test_an_internal_action_and_its_cursor_advance_are_durable_together(
         assert world.fires(each.id) == 1
         [firing] = registry.history(each.id)
         assert firing.seq == world.seq
-    record = world.memories.inspect(CHANNEL, world.memory_id)[0]
+    record = world.memories.inspect(CHANNEL, world.memory_id)[0].record
     assert record.tags.get("k") == "v"
     assert record.heat0 == pytest.approx(before.heat0 - 0.2, abs=0.01)  # boosted once
     if budget:  # before the crash, and not again
@@ -286,7 +286,7 @@ def test_a_chain_commits_its_event_with_the_cursor_and_its_target_fires_once(
     assert world.events("a-chain") == [("chain", world.seq)]
     assert world.events("z-pin") == [("pin", world.seq)]  # the cause is the store
     assert (world.fires("a-chain"), world.fires("z-pin")) == (1, 1)
-    assert world.memories.inspect(CHANNEL, world.memory_id)[0].keystone
+    assert world.memories.inspect(CHANNEL, world.memory_id)[0].record.keystone
 
 
 @pytest.mark.parametrize("budget", [0, 1])

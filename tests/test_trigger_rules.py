@@ -310,7 +310,7 @@ def test_message_round_trip() -> None:
     back = rule_message(built, fires=4)
     assert back.id == "trg_9"
     assert back.fires == 4
-    assert back.created_at.ToNanoseconds() == round(NOW * 1e9)
+    assert back.created_at.ToNanoseconds() == 1_700_000_000_250_000_000  # to the nanosecond
     assert back.HasField("filter_heat_above") and back.filter_heat_above == 0.0
     assert back.HasField("threshold")
     expected = tpb.Trigger()

@@ -99,7 +99,7 @@ async def _boost(ctx: ActionContext) -> str:
     delta = float(ctx.rule.config_value("delta", "0") or 0)
     targets = [ctx.record.id]
     if ctx.rule.config_value("target", "memory") == "neighbours":
-        targets = await ctx.run(ctx.memories.neighbours, ctx.record.channel, ctx.record.id)
+        targets = await ctx.run(ctx.memories.channels.neighbours, ctx.record.channel, ctx.record.id)
     outcome = f"boosted {len(targets)}"
     await ctx.run(
         ctx.memories.boost_all,

@@ -4,7 +4,8 @@ The log is the source: every commit wakes the dispatcher, which reads the new ev
 back from RocksDB, so a crash between a change and its triggers loses nothing (the
 dispatcher's cursor is durable and it resumes after it). Rules fired by an event that
 a trigger itself caused carry the chain of triggers behind it: a rule never fires
-twice in one chain (cycle detection) and chains stop at ``MAX_CHAIN_DEPTH``.
+twice in one chain (cycle detection) and a chain fires at most ``max_chain_depth``
+triggers (a server flag, ``calor serve --max-chain-depth``).
 
 Internal actions happen exactly once: each commits its change in one batch with the
 cursor advance (the event being handled, and which of its rules are done) and the
@@ -27,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from calor.server.clock import Clock
+from calor.server.config import DEFAULT_MAX_CHAIN_DEPTH
 from calor.server.engine import MemoryEngine
 from calor.server.errors import NotFoundError
 from calor.server.events import Cause, EventRecord
@@ -46,11 +48,10 @@ from calor.triggers.scheduler import DecayScheduler
 from calor.triggers.subscriptions import SubscriptionHub
 from calor.triggers.webhook import WebhookOutcome, WebhookPolicy, send_webhook
 
-__all__ = ["MAX_CHAIN_DEPTH", "TriggerEngine"]
+__all__ = ["TriggerEngine"]
 
 log = logging.getLogger("calor.triggers")
 
-MAX_CHAIN_DEPTH = 8
 _HEAT_EVENTS = frozenset({"on_store", "on_recall", "on_boost", "pin"})
 _CARRIED = ("late", "t0")  # what a chained firing keeps of its cause's event payload
 Run = Callable[..., Awaitable[Any]]
@@ -125,8 +126,12 @@ class TriggerEngine:
         retention_events: int = 1_000_000,
         queue_size: int = 1024,
         retention_seconds: float = 7 * 86_400.0,
+        max_chain_depth: int = DEFAULT_MAX_CHAIN_DEPTH,
     ) -> None:
+        if max_chain_depth < 1:
+            raise ValueError(f"max_chain_depth must be at least 1, got {max_chain_depth}")
         self._store = store
+        self._max_depth = max_chain_depth
         self._memories = memories
         self._clock = clock
         self._run = run
@@ -284,17 +289,17 @@ class TriggerEngine:
         ``position`` is the sequence number of the logged event being handled (None
         for a decay crossing): the firing's batch moves the cursor there.
         """
-        if rule.id in chain or len(chain) >= MAX_CHAIN_DEPTH:
+        if rule.id in chain or len(chain) >= self._max_depth:
             return
         async with self._firing:
             now = self._clock.now()
             if not self.registry.can_fire(rule, now):
                 return
             try:
-                record, _ = await self._run(self._memories.inspect, event.channel, event.memory_id)
+                found, _ = await self._run(self._memories.inspect, event.channel, event.memory_id)
             except NotFoundError:
                 return
-            heat = self._memories.heat(record)
+            record, heat = found.record, found.heat
             if not matches(
                 rule,
                 event=event.kind,
@@ -338,8 +343,8 @@ class TriggerEngine:
             outcome = "chain target is gone"
             await self._run(partial(self._memories.log, extra=ctx.writes(outcome)))
             return outcome
-        if target.id in ctx.cause.chain or len(ctx.cause.chain) >= MAX_CHAIN_DEPTH:
-            outcome = f"chain to {target.id} stopped (cycle or depth {MAX_CHAIN_DEPTH})"
+        if target.id in ctx.cause.chain or len(ctx.cause.chain) >= self._max_depth:
+            outcome = f"chain to {target.id} stopped (cycle or depth {self._max_depth})"
         else:
             outcome = f"chained to {target.id}"
         carried = {k: v for k, v in ctx.event.payload.items() if k in _CARRIED}
@@ -409,8 +414,8 @@ class TriggerEngine:
 
     async def would_fire(self, channel: str, event_kind: str, memory_id: str) -> list[TriggerRule]:
         """The rules that would fire for this event on this memory now (nothing is done)."""
-        record, _ = await self._run(self._memories.inspect, channel, memory_id)
-        heat = self._memories.heat(record)
+        found, _ = await self._run(self._memories.inspect, channel, memory_id)
+        record, heat = found.record, found.heat
         now = self._clock.now()
         return [
             rule

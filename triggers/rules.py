@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast
 
 import re2  # type: ignore[import-untyped]
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.errors import InvalidArgumentError
+from calor.server.wire import enum_text, full_name, timestamp_message
 from calor.triggers.rule_config import redact_config, validate_config
 from calor.v1 import memory_pb2, trigger_service_pb2
 
@@ -37,10 +37,10 @@ _EVENT_PREFIX = "EVENT_KIND_"
 _ACTION_PREFIX = "ACTION_KIND_"
 _TYPE_PREFIX = "MEMORY_TYPE_"
 _EVENT_BY_VALUE = {
-    trigger_service_pb2.EventKind.Value(_EVENT_PREFIX + name.upper()): name for name in EVENTS
+    trigger_service_pb2.EventKind.Value(full_name(_EVENT_PREFIX, name)): name for name in EVENTS
 }
 _ACTION_BY_VALUE = {
-    trigger_service_pb2.ActionKind.Value(_ACTION_PREFIX + name.upper()): name for name in ACTIONS
+    trigger_service_pb2.ActionKind.Value(full_name(_ACTION_PREFIX, name)): name for name in ACTIONS
 }
 _TYPE_BY_VALUE = {
     value: name.removeprefix(_TYPE_PREFIX).lower()
@@ -256,18 +256,11 @@ def rule_from_message(
     )
 
 
-def _enum_label(enum: Any, value: int) -> str:
-    try:
-        return str(enum.Name(value))
-    except ValueError:
-        return str(value)
-
-
 def _event(message: trigger_service_pb2.Trigger) -> str:
     event = _EVENT_BY_VALUE.get(message.event)
     if event is None:
-        allowed = ", ".join(_EVENT_PREFIX + name.upper() for name in EVENTS)
-        got = _enum_label(trigger_service_pb2.EventKind, message.event)
+        allowed = ", ".join(full_name(_EVENT_PREFIX, name) for name in EVENTS)
+        got = enum_text(trigger_service_pb2.EventKind, message.event)
         raise InvalidArgumentError(f"event: must be one of {allowed} (got {got})")
     return event
 
@@ -275,8 +268,8 @@ def _event(message: trigger_service_pb2.Trigger) -> str:
 def _action(message: trigger_service_pb2.Trigger) -> str:
     action = _ACTION_BY_VALUE.get(message.action)
     if action is None:
-        allowed = ", ".join(_ACTION_PREFIX + name.upper() for name in ACTIONS)
-        got = _enum_label(trigger_service_pb2.ActionKind, message.action)
+        allowed = ", ".join(full_name(_ACTION_PREFIX, name) for name in ACTIONS)
+        got = enum_text(trigger_service_pb2.ActionKind, message.action)
         raise InvalidArgumentError(f"action: must be one of {allowed} (got {got})")
     return action
 
@@ -355,23 +348,21 @@ def rule_message(rule: TriggerRule, fires: int) -> trigger_service_pb2.Trigger:
         A ``Trigger`` that :func:`rule_from_message` turns back into the same rule
         (one whose secret is redacted it refuses instead).
     """
-    created_at = Timestamp()
-    created_at.FromNanoseconds(round(rule.created_at * 1e9))
     message = trigger_service_pb2.Trigger(
         id=rule.id,
         channel=rule.channel,
-        event=trigger_service_pb2.EventKind.Value(_EVENT_PREFIX + rule.event.upper()),
-        action=trigger_service_pb2.ActionKind.Value(_ACTION_PREFIX + rule.action.upper()),
+        event=trigger_service_pb2.EventKind.Value(full_name(_EVENT_PREFIX, rule.event)),
+        action=trigger_service_pb2.ActionKind.Value(full_name(_ACTION_PREFIX, rule.action)),
         config=redact_config(rule.config),
         filter_pattern=rule.filter_pattern,
         max_fires=rule.max_fires,
         cooldown_seconds=rule.cooldown_seconds,
         fires=fires,
-        created_at=created_at,
+        created_at=timestamp_message(rule.created_at),
     )
     if rule.filter_memory_type is not None:
         message.filter_memory_type = memory_pb2.MemoryType.Value(
-            _TYPE_PREFIX + rule.filter_memory_type.upper()
+            full_name(_TYPE_PREFIX, rule.filter_memory_type)
         )
     if rule.filter_heat_above is not None:
         message.filter_heat_above = rule.filter_heat_above

@@ -53,7 +53,7 @@ class DecayScheduler:
 
     async def _schedule(self, rule: TriggerRule, memory_id: str, late_after: float | None) -> None:
         found = await self._run(
-            self._memories.decay_crossing, rule.channel, memory_id, rule.threshold
+            self._memories.channels.decay_crossing, rule.channel, memory_id, rule.threshold
         )
         if found is None:
             return
@@ -75,7 +75,7 @@ class DecayScheduler:
 
     async def add_rule(self, rule: TriggerRule, late_after: float | None = None) -> None:
         """Schedule a (new) rule over the memories its channel holds now."""
-        for memory_id in await self._run(self._memories.memory_ids, rule.channel):
+        for memory_id in await self._run(self._memories.channels.memory_ids, rule.channel):
             await self._schedule(rule, memory_id, late_after)
 
     async def touch(self, event: EventRecord) -> None:
@@ -112,19 +112,20 @@ class DecayScheduler:
     async def _due(self, rule: TriggerRule, memory_id: str) -> None:
         """A scheduled crossing came due: fire if the memory really crossed, else resolve."""
         found = await self._run(
-            self._memories.decay_crossing, rule.channel, memory_id, rule.threshold
+            self._memories.channels.decay_crossing, rule.channel, memory_id, rule.threshold
         )
         if found is not None and found[0] > self._clock.now():
             heapq.heappush(self._heap, (found[0], rule.id, memory_id))  # warmed since
             return
         try:
-            record, _ = await self._run(self._memories.inspect, rule.channel, memory_id)
+            now, _ = await self._run(self._memories.inspect, rule.channel, memory_id)
         except NotFoundError:
             return
+        record = now.record
         level = rule.threshold
         if level is None:
-            level = self._memories.policy(rule.channel).cold_threshold
-        if self._memories.heat(record) > level + 1e-9:
+            level = self._memories.channels.policy(rule.channel).cold_threshold
+        if now.heat > level + 1e-9:
             return  # kept warm by something the heap did not hear of
         if await self._run(self._registry.decay_fired, rule.id, memory_id, record.t0):
             return

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.errors import (
     AlreadyExistsError,
@@ -20,7 +19,13 @@ from calor.server.events import EventRecord
 from calor.server.ids import new_id
 from calor.server.rpc import abort_with, rpc_errors
 from calor.server.runtime import Runtime
-from calor.server.validation import decode_page_token, encode_page_token
+from calor.server.wire import (
+    decode_page_token,
+    encode_page_token,
+    enum_name,
+    full_name,
+    timestamp_message,
+)
 from calor.triggers.actions import describe
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.registry import Firing
@@ -37,34 +42,27 @@ _MAX_PAGE = 1000
 _TRIGGER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
-def _timestamp(seconds: float) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(int(seconds * 1e9))
-    return stamp
-
-
 def event_message(event: EventRecord) -> tpb.Event:
     """The API view of a logged event."""
     return tpb.Event(
         seq=event.seq,
-        kind=tpb.EventKind.Value(_KIND_PREFIX + event.kind.upper()),
+        kind=tpb.EventKind.Value(full_name(_KIND_PREFIX, event.kind)),
         channel=event.channel,
         memory_id=event.memory_id,
         trigger_id=event.trigger_id,
-        at=_timestamp(event.at),
+        at=timestamp_message(event.at),
         message=event.message,
         payload=event.payload,
     )
 
 
 def _kind_name(value: int, field: str) -> str:
-    try:
-        name: str = tpb.EventKind.Name(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise InvalidArgumentError(f"{field}: unknown event kind {value}") from None
+    name = enum_name(tpb.EventKind, _KIND_PREFIX, value)
+    if name is None:
+        raise InvalidArgumentError(f"{field}: unknown event kind {value}")
     if value == tpb.EVENT_KIND_UNSPECIFIED:
         raise InvalidArgumentError(f"{field}: EVENT_KIND_UNSPECIFIED is not an event kind")
-    return name.removeprefix(_KIND_PREFIX).lower()
+    return name
 
 
 def _page(token: str, size: int, valid: Callable[[str], bool]) -> tuple[str, int]:
@@ -165,7 +163,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 tpb.TriggerFiring(
                     trigger_id=f.trigger_id,
                     memory_id=f.memory_id,
-                    at=_timestamp(f.at),
+                    at=timestamp_message(f.at),
                     outcome=f.outcome,
                     seq=f.seq,
                     late=f.late,

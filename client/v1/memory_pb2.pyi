@@ -437,6 +437,30 @@ class ChannelSettings(_message.Message):
     DEFAULT_IMPORTANCE_FIELD_NUMBER: _builtins.int
     WEIGHT_LEXICAL_FIELD_NUMBER: _builtins.int
     WEIGHT_SOURCE_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_HIGH_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_MID_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_KEYWORD_SIMILARITY_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_KEYWORD_OVERLAP_FIELD_NUMBER: _builtins.int
+    DREAM_CONFLICT_SIMILARITY_FIELD_NUMBER: _builtins.int
+    DREAM_MERGE_SIMILARITY_FIELD_NUMBER: _builtins.int
+    DREAM_KEYSTONE_RECALLS_FIELD_NUMBER: _builtins.int
+    DREAM_KEYSTONE_HEAT_FIELD_NUMBER: _builtins.int
+    DREAM_SEMANTIC_IMPORTANCE_FIELD_NUMBER: _builtins.int
+    DREAM_SEMANTIC_RECALLS_FIELD_NUMBER: _builtins.int
+    DREAM_ARCHIVE_AGE_DAYS_FIELD_NUMBER: _builtins.int
+    DREAM_ARCHIVE_HEAT_FIELD_NUMBER: _builtins.int
+    DREAM_ARCHIVE_IMPORTANCE_FIELD_NUMBER: _builtins.int
+    DREAM_ARCHIVE_RECALLS_FIELD_NUMBER: _builtins.int
+    DREAM_ARCHIVE_EXEMPT_TYPES_FIELD_NUMBER: _builtins.int
+    DREAM_PRUNE_HEAT_FIELD_NUMBER: _builtins.int
+    DREAM_CHANNEL_COOLING_FIELD_NUMBER: _builtins.int
+    INGEST_NEAR_DUPLICATE_SIMILARITY_FIELD_NUMBER: _builtins.int
+    INGEST_NEAR_DUPLICATE_PENALTY_FIELD_NUMBER: _builtins.int
+    INGEST_NOVELTY_NEIGHBOURS_FIELD_NUMBER: _builtins.int
+    INGEST_NOVELTY_BONUS_FIELD_NUMBER: _builtins.int
+    INGEST_FAMILIAR_SIMILARITY_FIELD_NUMBER: _builtins.int
+    INGEST_NOVEL_SIMILARITY_FIELD_NUMBER: _builtins.int
+    INGEST_ENTITY_HUB_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -485,8 +509,68 @@ class ChannelSettings(_message.Message):
     """
     weight_source: _builtins.float
     """Weight of a memory's source trust (human 1.0, agent 0.7, extracted 0.7, ingest 0.5)."""
+    confidence_high: _builtins.float
+    """Confidence bands of recall hits, from relevance alone (not heat or time).
+    Cosine similarity at or above which a hit is `high` (default 0.65).
+    """
+    confidence_mid: _builtins.float
+    """Cosine similarity at or above which a hit is `mid` (default 0.50; at most confidence_high)."""
+    confidence_keyword_similarity: _builtins.float
+    """A hit with at least this similarity (default 0.45) and at least
+    confidence_keyword_overlap of the query's words (default 0.50) is `mid` too.
+    """
+    confidence_keyword_overlap: _builtins.float
+    dream_conflict_similarity: _builtins.float
+    """Dreams. Cosine at or above which two memories that disagree (a negation or a
+    differing number) open a conflict (default 0.80).
+    """
+    dream_merge_similarity: _builtins.float
+    """Cosine every pair of a cluster reaches for it to merge (default 0.85)."""
+    dream_keystone_recalls: _builtins.int
+    """Recalls (default 5) and heat (default 0.70) that make a memory a keystone."""
+    dream_keystone_heat: _builtins.float
+    dream_semantic_importance: _builtins.float
+    """Importance (default 0.70) and recalls (default 5) that promote episodic to semantic."""
+    dream_semantic_recalls: _builtins.int
+    dream_archive_age_days: _builtins.float
+    """A memory older than dream_archive_age_days (default 90) with heat below
+    dream_archive_heat (0.15), importance below dream_archive_importance (0.30) and
+    fewer than dream_archive_recalls (3) recalls moves to cold storage.
+    """
+    dream_archive_heat: _builtins.float
+    dream_archive_importance: _builtins.float
+    dream_archive_recalls: _builtins.int
+    dream_prune_heat: _builtins.float
+    """Heat below which a ghost is pruned (default 0.001)."""
+    dream_channel_cooling: _builtins.float
+    """Share of the channel's heat a dream takes away (default 0.50: it halves)."""
+    ingest_near_duplicate_similarity: _builtins.float
+    """Store pipeline. Cosine to the nearest memory at or above which a new memory is a
+    near-duplicate (default 0.95): it loses ingest_near_duplicate_penalty (0.20)
+    importance and corroborates the older one.
+    """
+    ingest_near_duplicate_penalty: _builtins.float
+    ingest_novelty_neighbours: _builtins.int
+    """Nearest memories a store compares a new one with (default 5)."""
+    ingest_novelty_bonus: _builtins.float
+    """Most importance a novel memory gains (default 0.30): none when its nearest memory
+    is at least ingest_familiar_similarity (0.85) close, all of it at
+    ingest_novel_similarity (0.50) or below, linearly between.
+    """
+    ingest_familiar_similarity: _builtins.float
+    ingest_novel_similarity: _builtins.float
+    ingest_entity_hub: _builtins.int
+    """Memories naming one entity past which a store links no more of them by that
+    entity (default 50).
+    """
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
+    @_builtins.property
+    def dream_archive_exempt_types(self) -> _containers.RepeatedScalarFieldContainer[Global___MemoryType.ValueType]:
+        """Memory types archival never moves (default semantic, procedural, core; keystones
+        never move either). Listed in the update mask, the list replaces the old one.
+        """
+
     def __init__(
         self,
         *,
@@ -526,10 +610,34 @@ class ChannelSettings(_message.Message):
         default_importance: _builtins.float = ...,
         weight_lexical: _builtins.float = ...,
         weight_source: _builtins.float = ...,
+        confidence_high: _builtins.float = ...,
+        confidence_mid: _builtins.float = ...,
+        confidence_keyword_similarity: _builtins.float = ...,
+        confidence_keyword_overlap: _builtins.float = ...,
+        dream_conflict_similarity: _builtins.float = ...,
+        dream_merge_similarity: _builtins.float = ...,
+        dream_keystone_recalls: _builtins.int = ...,
+        dream_keystone_heat: _builtins.float = ...,
+        dream_semantic_importance: _builtins.float = ...,
+        dream_semantic_recalls: _builtins.int = ...,
+        dream_archive_age_days: _builtins.float = ...,
+        dream_archive_heat: _builtins.float = ...,
+        dream_archive_importance: _builtins.float = ...,
+        dream_archive_recalls: _builtins.int = ...,
+        dream_archive_exempt_types: _abc.Iterable[Global___MemoryType.ValueType] | None = ...,
+        dream_prune_heat: _builtins.float = ...,
+        dream_channel_cooling: _builtins.float = ...,
+        ingest_near_duplicate_similarity: _builtins.float = ...,
+        ingest_near_duplicate_penalty: _builtins.float = ...,
+        ingest_novelty_neighbours: _builtins.int = ...,
+        ingest_novelty_bonus: _builtins.float = ...,
+        ingest_familiar_similarity: _builtins.float = ...,
+        ingest_novel_similarity: _builtins.float = ...,
+        ingest_entity_hub: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
