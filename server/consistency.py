@@ -10,7 +10,7 @@ forgotten; every idempotency key names a memory that exists (a tombstone counts:
 store with that key returns it). The event log is numbered without holes from its
 oldest retained event to its newest, and each event carries its own key's number.
 
-Repairs are committed as one change (:func:`calor.server.changes.commit`) after the
+Repairs are written as one atomic batch of change lists (:meth:`MemoryStore.write`) after the
 whole store was read: a missing embedding is embedded again from the memory's text
 (when an embedder is given), a stray one, edge, conflict or idempotency key is
 dropped, a misnumbered event takes its key's number, and a hole in the log is filled
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from calor.server.changes import Changes, commit
 from calor.server.errors import FailedPreconditionError
 from calor.server.events import EventRecord
 from calor.server.ops import (
+    ChangeList,
     DeleteKey,
     DropVector,
     Operation,
@@ -260,7 +260,7 @@ class Checker:
     def _repair(self) -> None:
         """Commit every repair there is as one change; mark those problems fixed."""
         vectors = self._embed_again()
-        changes: dict[str, Changes] = {}
+        changes: dict[str, ChangeList] = {}
         for n, finding in enumerate(self._found):
             ops = list(finding.ops)
             if finding.reembed is not None and finding.reembed in vectors:
@@ -269,9 +269,10 @@ class Checker:
             if not ops:
                 continue
             channel = finding.problem.channel
-            changes.setdefault(channel, Changes(channel)).ops.extend(ops)
+            changes.setdefault(channel, ChangeList(channel)).ops.extend(ops)
             self._found[n] = replace(finding, problem=replace(finding.problem, fixed=True))
-        commit(self._store, list(changes.values()))
+        if changes:  # offline: no live view to apply them to
+            self._store.write(list(changes.values()))
 
     def _embed_again(self) -> dict[_MemoryKey, tuple[MemoryRecord, np.ndarray]]:
         """The records that need a new embedding, with it (none without an embedder)."""

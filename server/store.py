@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import threading
-import typing
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
@@ -63,9 +62,6 @@ from calor.server.ops import (
     Unlink,
 )
 from calor.server.records import MemoryRecord
-
-if typing.TYPE_CHECKING:
-    from calor.server.consistency import Embed, Problem
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
@@ -480,13 +476,6 @@ class MemoryStore:
             if not self._closed:
                 self._closed = True
                 self._db.close()
-
-    def check(self, fix: bool = False, embed: Embed | None = None) -> list[Problem]:
-        """The store's inconsistencies, repaired where possible with ``fix`` (see
-        :mod:`calor.server.consistency`); ``embed`` re-embeds lost embeddings."""
-        from calor.server.consistency import check  # it builds on this module
-
-        return check(self, fix=fix, embed=embed)
 
 
 def _write_meta(db: rocksdict.Rdict, meta: dict[str, object], migrations: list[str]) -> None:

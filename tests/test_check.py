@@ -22,7 +22,7 @@ import rocksdict
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
-from calor.server.consistency import PLACEHOLDER_MESSAGE, Checker, Problem, open_offline
+from calor.server.consistency import PLACEHOLDER_MESSAGE, Checker, Problem, check, open_offline
 from calor.server.engine import MemoryEngine
 from calor.server.errors import FailedPreconditionError, NotFoundError
 from calor.server.events import EventRecord
@@ -94,13 +94,13 @@ def found_then_fixed(path: Path, embedder: OnnxEmbedder, kind: str) -> Problem:
     """Check: one problem of ``kind``, the store untouched; fix it; check again: none."""
     before = snapshot(path)
     with opened(path, embedder) as store:
-        problems = store.check()
+        problems = check(store)
     assert [(p.kind, p.fixed) for p in problems] == [(kind, False)], problems
     assert snapshot(path) == before
     with opened(path, embedder) as store:
-        fixed = store.check(fix=True, embed=embedder.embed_passages)
+        fixed = check(store, fix=True, embed=embedder.embed_passages)
         assert [(p.kind, p.fixed) for p in fixed] == [(kind, True)]
-        assert store.check() == []
+        assert check(store) == []
     return problems[0]
 
 
@@ -123,7 +123,7 @@ def use_for_real(engine: MemoryEngine, embedder: OnnxEmbedder, clock: ManualCloc
 
     def states() -> Counter[str]:
         """The channel's states so far; the store is consistent at every step."""
-        assert engine._store.check() == []
+        assert check(engine._store) == []
         return Counter(r.state for r in engine._store.records(CHANNEL))
 
     def recall(query: str) -> None:
@@ -192,7 +192,7 @@ def test_a_store_after_real_use_is_consistent(tmp_path: Path, embedder: OnnxEmbe
     assert checker.tally.vectors > BULK_ITEMS and checker.tally.edges and checker.tally.conflicts
     with opened(tmp_path, embedder) as store:  # and as the engine rebuilt it
         MemoryEngine.open(store, clock, ChannelPolicy())
-        assert store.check() == []
+        assert check(store) == []
 
 
 def test_an_episode_after_a_forgotten_one_links_to_no_tombstone(
@@ -208,7 +208,7 @@ def test_an_episode_after_a_forgotten_one_links_to_no_tombstone(
         assert second.record.session == first.record.session == "tag:walk"
         assert engine.inspect(CHANNEL, second.record.id)[1] == []
     with opened(tmp_path, embedder) as store:
-        assert store.check() == []
+        assert check(store) == []
 
 
 # --- each kind of damage ---------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_a_live_memory_without_its_embedding_is_embedded_again(
     with engine_on(tmp_path, embedder) as engine:
         assert seeded[0] not in find(engine, embedder, "where is the spare key?")
     with opened(tmp_path, embedder) as store:  # no model, no repair
-        [unfixed] = store.check(fix=True)
+        [unfixed] = check(store, fix=True)
         assert (unfixed.kind, unfixed.fixed) == ("missing_vector", False)
     problem = found_then_fixed(tmp_path, embedder, "missing_vector")
     assert problem.channel == CHANNEL
@@ -364,7 +364,7 @@ def test_a_log_trimmed_from_the_oldest_has_no_hole(
     with opened(tmp_path, embedder) as store:
         store.trim_events(2)  # retention
         assert store.first_seq() == 3
-        assert store.check() == []
+        assert check(store) == []
 
 
 def test_fixing_several_problems_commits_them_together(
@@ -376,14 +376,14 @@ def test_fixing_several_problems_commits_them_together(
         db[Keys.edge(CHANNEL, seeded[1], NOWHERE, "semantic")] = b"0.9"
         db.delete(Keys.event(2))
     with opened(tmp_path, embedder) as store:
-        fixed = store.check(fix=True, embed=embedder.embed_passages)
+        fixed = check(store, fix=True, embed=embedder.embed_passages)
         assert sorted(p.kind for p in fixed if p.fixed) == [
             "dangling_edge",
             "event_gap",
             "missing_vector",
             "orphan_vector",
         ]
-        assert store.check() == []
+        assert check(store) == []
 
 
 # --- opening a store for a check -------------------------------------------------------
