@@ -154,14 +154,14 @@ def _check(args: argparse.Namespace) -> int:
     server holds it, the model is missing or is not the store's).
     """
     # Imported here, as for serve: the client loads server code (and the model) only now.
-    from calor.models.embedder import OnnxEmbedder
     from calor.server.config import default_data_dir
     from calor.server.consistency import Checker, open_offline
+    from calor.server.embedding import load_model
     from calor.server.errors import CalorError
 
     data_dir = args.data_dir or default_data_dir()
     try:
-        embedder = OnnxEmbedder.load(args.model_dir)
+        embedder = load_model(args.model_dir)
         store = open_offline(data_dir, model_id=embedder.model_id, dim=embedder.dim)
     except CalorError as err:
         print(f"error: {err.code.name}: {err.message}", file=sys.stderr)

@@ -14,11 +14,10 @@ import numpy.typing as npt
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from calor.server.errors import ModelUnavailableError
-
 __all__ = [
     "Embedder",
     "MODEL_DIR_ENV",
+    "ModelError",
     "OnnxEmbedder",
     "QUERY_PREFIX",
     "locate_model_dir",
@@ -28,6 +27,13 @@ QUERY_PREFIX: Final = "Represent this sentence for searching relevant passages: 
 """Prefix BGE expects on retrieval queries; stored passages take none."""
 
 MODEL_DIR_ENV: Final = "CALOR_MODEL_DIR"
+
+
+class ModelError(Exception):
+    """The embedding model's files are missing, corrupt or unusable (the server reports
+    it as UNAVAILABLE)."""
+
+
 """Environment variable naming a folder that holds the model files."""
 
 _MODEL_NAME: Final = "bge-small-en-v1.5-int8"
@@ -135,7 +141,7 @@ class OnnxEmbedder:
         self._tokenizer = tokenizer
         pad_id = tokenizer.token_to_id(_PAD_TOKEN)
         if pad_id is None:
-            raise ModelUnavailableError(f"the tokenizer has no {_PAD_TOKEN} token to pad with")
+            raise ModelError(f"the tokenizer has no {_PAD_TOKEN} token to pad with")
         self._pad_id: int = pad_id
         self._input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
         self._model_id = model_id
@@ -157,7 +163,7 @@ class OnnxEmbedder:
             The embedder.
 
         Raises:
-            ModelUnavailableError: The files are missing, do not match their hashes,
+            ModelError: The files are missing, do not match their hashes,
                 or onnxruntime cannot run them.
         """
         if threads < 1:
@@ -233,7 +239,7 @@ def locate_model_dir(model_dir: Path | None = None) -> Path:
         The folder; whether it holds the right files is checked at load.
 
     Raises:
-        ModelUnavailableError: No folder was given and ``compartment`` is not installed.
+        ModelError: No folder was given and ``compartment`` is not installed.
     """
     if model_dir is not None:
         return Path(model_dir)
@@ -242,7 +248,7 @@ def locate_model_dir(model_dir: Path | None = None) -> Path:
         return Path(from_env)
     spec = importlib.util.find_spec(_PACKAGE)
     if spec is None or spec.origin is None:
-        raise ModelUnavailableError(
+        raise ModelError(
             f"embedding model not found: package {_PACKAGE!r} is not installed; {_FIX}"
         )
     return Path(spec.origin).parent / "models" / _MODEL_NAME
@@ -251,13 +257,13 @@ def locate_model_dir(model_dir: Path | None = None) -> Path:
 def _verify_files(folder: Path) -> None:
     missing = [name for name in _SHA256 if not (folder / name).is_file()]
     if missing:
-        raise ModelUnavailableError(
+        raise ModelError(
             f"embedding model not found: {', '.join(missing)} missing in {folder}; {_FIX}"
         )
     for name, expected in _SHA256.items():
         actual = _sha256(folder / name)
         if actual != expected:
-            raise ModelUnavailableError(
+            raise ModelError(
                 f"embedding model corrupt: {folder / name} has sha256 {actual}, "
                 f"expected {expected}; {_FIX}"
             )
@@ -274,7 +280,7 @@ def _sha256(path: Path) -> str:
 def _build_session(model_path: Path, threads: int) -> ort.InferenceSession:
     """The one place an onnxruntime session is made, so its settings live in one spot."""
     if _PROVIDER not in ort.get_available_providers():
-        raise ModelUnavailableError(
+        raise ModelError(
             f"onnxruntime {ort.__version__} offers no {_PROVIDER}; "
             f"it has {ort.get_available_providers()}"
         )
@@ -285,13 +291,11 @@ def _build_session(model_path: Path, threads: int) -> ort.InferenceSession:
     try:
         session = ort.InferenceSession(str(model_path), options, providers=[_PROVIDER])
     except Exception as exc:  # onnxruntime raises its own pybind types, not one base class
-        raise ModelUnavailableError(
-            f"onnxruntime {ort.__version__} cannot load {model_path}: {exc}"
-        ) from exc
+        raise ModelError(f"onnxruntime {ort.__version__} cannot load {model_path}: {exc}") from exc
     inputs = {i.name for i in session.get_inputs()}
     outputs = {o.name for o in session.get_outputs()}
     if "input_ids" not in inputs or not inputs <= _KNOWN_INPUTS or _OUTPUT not in outputs:
-        raise ModelUnavailableError(
+        raise ModelError(
             f"{model_path} has inputs {sorted(inputs)} and outputs {sorted(outputs)}; "
             f"expected inputs among {sorted(_KNOWN_INPUTS)} and output {_OUTPUT!r}"
         )
@@ -302,7 +306,7 @@ def _output_dim(session: ort.InferenceSession) -> int:
     shape: list[Any] = next(o.shape for o in session.get_outputs() if o.name == _OUTPUT)
     dim = shape[-1]
     if not isinstance(dim, int):
-        raise ModelUnavailableError(f"model output {_OUTPUT!r} has no fixed width: {shape}")
+        raise ModelError(f"model output {_OUTPUT!r} has no fixed width: {shape}")
     return dim
 
 

