@@ -30,9 +30,9 @@ from vectors import VectorCache  # noqa: E402
 from calor.models.embedder import OnnxEmbedder  # noqa: E402
 from calor.server.clock import SystemClock  # noqa: E402
 from calor.server.commands import NewMemory, RecallQuery  # noqa: E402
-from calor.server.engine import MemoryEngine  # noqa: E402
-from calor.server.policy import ChannelPolicy, RecallWeights  # noqa: E402
-from calor.server.store import MemoryStore  # noqa: E402
+from calor.server.engine.memory_engine import MemoryEngine  # noqa: E402
+from calor.server.storage.store import MemoryStore  # noqa: E402
+from calor.server.thermo.policy import ChannelPolicy, RecallWeights  # noqa: E402
 
 RECALL_LIMIT = 50
 

@@ -155,9 +155,9 @@ def _check(args: argparse.Namespace) -> int:
     """
     # Imported here, as for serve: the client loads server code (and the model) only now.
     from calor.server.config import default_data_dir
-    from calor.server.consistency import Checker, open_offline
     from calor.server.embedding import load_model
     from calor.server.errors import CalorError
+    from calor.server.storage.consistency import Checker, open_offline
 
     data_dir = args.data_dir or default_data_dir()
     try:

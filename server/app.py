@@ -19,16 +19,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from calor.models.embedder import Embedder
+from calor.server.api.memory_service import MemoryServicer
+from calor.server.api.runtime import Runtime
+from calor.server.api.settings_service import SettingsServicer
 from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
 from calor.server.embedding import EmbeddingQueue, load_model
-from calor.server.engine import MemoryEngine
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.heap import settle
-from calor.server.memory_service import MemoryServicer
-from calor.server.policy import ChannelPolicy
-from calor.server.runtime import Runtime
-from calor.server.settings_service import SettingsServicer
-from calor.server.store import MemoryStore
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.policy import ChannelPolicy
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.trigger_service import TriggerServicer
 from calor.triggers.webhook import WebhookPolicy
@@ -72,6 +72,7 @@ class CalorServer:
 
     def __post_init__(self) -> None:
         self.runtime = Runtime(self.config, self.clock)
+        self._trigger_api = TriggerServicer(self.runtime)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._store: MemoryStore | None = None
@@ -93,9 +94,7 @@ class CalorServer:
         memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
             MemoryServicer(self.runtime), server
         )
-        trigger_service_pb2_grpc.add_TriggerServiceServicer_to_server(
-            TriggerServicer(self.runtime), server
-        )
+        trigger_service_pb2_grpc.add_TriggerServiceServicer_to_server(self._trigger_api, server)
         settings_service_pb2_grpc.add_SettingsServiceServicer_to_server(
             SettingsServicer(self.runtime), server
         )
@@ -150,7 +149,8 @@ class CalorServer:
         )
         await triggers.start()
         self._triggers = triggers
-        self.runtime.attach(engine, self._embeddings, triggers)
+        self._trigger_api.attach(triggers)
+        self.runtime.attach(engine, self._embeddings)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir

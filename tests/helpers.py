@@ -11,8 +11,8 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.events import EventRecord
-from calor.server.ops import ChangeList
-from calor.server.store import MemoryStore
+from calor.server.storage.ops import ChangeList
+from calor.server.storage.store import MemoryStore
 from calor.triggers.rules import TriggerRule
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb

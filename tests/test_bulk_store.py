@@ -9,10 +9,10 @@ import pytest
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import SystemClock
 from calor.server.commands import NewMemory, RecallQuery
-from calor.server.engine import MemoryEngine
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.heap import BULK_ITEMS
-from calor.server.policy import ChannelPolicy
-from calor.server.store import MemoryStore
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.policy import ChannelPolicy
 from tests.helpers import CrashAfter
 
 CHANNEL = "bulk"

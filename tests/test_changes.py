@@ -13,14 +13,14 @@ import pytest
 import rocksdict
 
 from calor.models.embedder import OnnxEmbedder
-from calor.server.channel import Channel
-from calor.server.channel_state import ChannelState
 from calor.server.clock import ManualClock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
-from calor.server.engine import MemoryEngine
+from calor.server.engine.channel import Channel
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import StoreMismatchError
 from calor.server.events import EventRecord
-from calor.server.ops import (
+from calor.server.records import MemoryRecord
+from calor.server.storage.ops import (
     AddMemory,
     ChangeList,
     DeleteKey,
@@ -39,9 +39,9 @@ from calor.server.ops import (
     decode,
     encode,
 )
-from calor.server.policy import ChannelPolicy
-from calor.server.records import MemoryRecord
-from calor.server.store import SCHEMA_VERSION, Keys, MemoryStore
+from calor.server.storage.store import SCHEMA_VERSION, Keys, MemoryStore
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.policy import ChannelPolicy
 from tests.helpers import CrashAfter
 
 CHANNEL = "notes"

@@ -22,14 +22,20 @@ import rocksdict
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
-from calor.server.consistency import PLACEHOLDER_MESSAGE, Checker, Problem, check, open_offline
-from calor.server.engine import MemoryEngine
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import FailedPreconditionError, NotFoundError
 from calor.server.events import EventRecord
 from calor.server.heap import BULK_ITEMS
-from calor.server.policy import ChannelPolicy
 from calor.server.records import ARCHIVED, DELETED, GHOST, MERGED
-from calor.server.store import Keys, MemoryStore
+from calor.server.storage.consistency import (
+    PLACEHOLDER_MESSAGE,
+    Checker,
+    Problem,
+    check,
+    open_offline,
+)
+from calor.server.storage.store import Keys, MemoryStore
+from calor.server.thermo.policy import ChannelPolicy
 
 CHANNEL = "c"
 TEXTS = [

@@ -11,9 +11,9 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
 from calor.server.commands import NewMemory
-from calor.server.engine import MemoryEngine
-from calor.server.policy import ChannelPolicy
-from calor.server.store import MemoryStore
+from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.policy import ChannelPolicy
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2 as spb

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from calor.server.channel_state import ChannelState, active_gates
 from calor.server.errors import ResourceExhaustedError
-from calor.server.graph import Graph, Reach, resonance
-from calor.server.lifecycle import Clocks, current_heat, evolve, migrate_at, next_change_at
-from calor.server.policy import ChannelPolicy
 from calor.server.records import MemoryRecord
+from calor.server.thermo.channel_state import ChannelState, active_gates
+from calor.server.thermo.graph import Graph, Reach, resonance
+from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, migrate_at, next_change_at
+from calor.server.thermo.policy import ChannelPolicy
 from tests.helpers import DAY, VECTORS
 
 SEEDS = json.loads((VECTORS / "heat.json").read_text())["resonance"]

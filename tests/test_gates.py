@@ -1,4 +1,4 @@
-"""The three gates (DESIGN §3), each decided by one function of calor.server.gates."""
+"""The three gates (DESIGN §3), each decided by one function of calor.server.thermo.gates."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from calor.server.channel_state import ChannelState
 from calor.server.errors import ResourceExhaustedError
-from calor.server.gates import active_gates, ceiling_check, fidelity_admits, load_limit
-from calor.server.policy import ChannelPolicy
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.gates import active_gates, ceiling_check, fidelity_admits, load_limit
+from calor.server.thermo.policy import ChannelPolicy
 
 
 def test_fidelity_admits_below_the_survival_gate_only_when_the_gate_is_off() -> None:

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from calor.server.heat import (
+from calor.server.records import MemoryRecord
+from calor.server.thermo.heat import (
     DEFAULT_PROFILES,
     SOURCE_TRUST,
     bumped,
@@ -15,15 +16,14 @@ from calor.server.heat import (
     heat_at,
     seconds_until,
 )
-from calor.server.lifecycle import (
+from calor.server.thermo.lifecycle import (
     Clocks,
     apply_boost,
     apply_keystone,
     apply_recall,
     current_heat,
 )
-from calor.server.policy import ChannelPolicy
-from calor.server.records import MemoryRecord
+from calor.server.thermo.policy import ChannelPolicy
 from tests.helpers import VECTORS
 
 SEEDS = json.loads((VECTORS / "heat.json").read_text())

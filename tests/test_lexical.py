@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from calor.server import lexical
 from calor.server.errors import InvalidArgumentError
-from calor.server.lexical import LexicalIndex, keyword_overlap, tokenize
+from calor.server.recall import lexical
+from calor.server.recall.lexical import LexicalIndex, keyword_overlap, tokenize
 
 
 def _index(*texts: str) -> LexicalIndex:

@@ -8,11 +8,11 @@ from datetime import timedelta
 
 import pytest
 
-from calor.server import markdown
 from calor.server.errors import FailedPreconditionError, InvalidArgumentError
-from calor.server.heat import MEMORY_TYPES
 from calor.server.ids import new_id
-from calor.server.markdown import (
+from calor.server.records import MemoryRecord
+from calor.server.storage import markdown
+from calor.server.storage.markdown import (
     MarkdownReader,
     ParsedMemory,
     parse_markdown,
@@ -20,7 +20,7 @@ from calor.server.markdown import (
     render_memory,
     to_new_memory,
 )
-from calor.server.records import MemoryRecord
+from calor.server.thermo.heat import MEMORY_TYPES
 
 MARCH_1 = 1_772_355_600.0  # 2026-03-01T09:00:00Z
 PIECES = [

@@ -14,17 +14,17 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.models.embedder import OnnxEmbedder
+from calor.server.api.settings import apply_settings, settings_message
 from calor.server.clock import SystemClock
 from calor.server.config import ServerConfig
-from calor.server.heat import TypeProfile
-from calor.server.policy import (
+from calor.server.thermo.heat import TypeProfile
+from calor.server.thermo.policy import (
     ChannelPolicy,
     ConfidenceBands,
     DreamThresholds,
     IngestTuning,
     RecallWeights,
 )
-from calor.server.settings import apply_settings, settings_message
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as mpb
 from calor.v1 import settings_service_pb2 as pb

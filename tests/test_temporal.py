@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from calor.server.errors import InvalidArgumentError
-from calor.server.temporal import TimeWindow, detect_window, temporal_boost
+from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
 from tests.helpers import VECTORS
 
 TEMPORAL = VECTORS / "temporal.json"

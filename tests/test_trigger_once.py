@@ -27,13 +27,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.models.embedder import OnnxEmbedder
-from calor.server.changes import Changes, commit
 from calor.server.clock import SystemClock
 from calor.server.commands import NewMemory
-from calor.server.engine import MemoryEngine
-from calor.server.ops import PutKey
-from calor.server.policy import ChannelPolicy
-from calor.server.store import Keys, MemoryStore
+from calor.server.engine.changes import Changes, commit
+from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.storage.ops import PutKey
+from calor.server.storage.store import Keys, MemoryStore
+from calor.server.thermo.policy import ChannelPolicy
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.outbox import pending_deliveries
 from calor.triggers.registry import Firing, TriggerRegistry

@@ -13,9 +13,9 @@ from google.protobuf.field_mask_pb2 import FieldMask
 
 from calor.client.cli import main
 from calor.server.config import ServerConfig
-from calor.server.ingest import novelty_adjustment
-from calor.server.policy import ConfidenceBands, IngestTuning
-from calor.server.recall import band
+from calor.server.engine.ingest import novelty_adjustment
+from calor.server.recall.ranking import band
+from calor.server.thermo.policy import ConfidenceBands, IngestTuning
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2 as spb

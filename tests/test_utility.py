@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from calor.server.utility import UtilityWeights, act_r_activation, utility
+from calor.server.thermo.utility import UtilityWeights, act_r_activation, utility
 
 DAY = 86_400.0
 NOW = 1_000 * DAY

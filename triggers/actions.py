@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from calor.server.changes import Bookkeeping
-from calor.server.engine import MemoryEngine
+from calor.server.engine.changes import Bookkeeping
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.events import Cause, EventRecord
 from calor.server.records import MemoryRecord
 from calor.triggers.outbox import Delivery

@@ -29,11 +29,11 @@ from typing import Any
 
 from calor.server.clock import Clock
 from calor.server.config import DEFAULT_MAX_CHAIN_DEPTH
-from calor.server.engine import MemoryEngine
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import NotFoundError
 from calor.server.events import Cause, EventRecord
-from calor.server.ops import DeleteKey, PutKey
-from calor.server.store import Keys, MemoryStore
+from calor.server.storage.ops import DeleteKey, PutKey
+from calor.server.storage.store import Keys, MemoryStore
 from calor.triggers.actions import (
     ActionContext,
     outcome_event,

@@ -6,7 +6,7 @@ advance, then sends it; the record is dropped in the batch that logs the final o
 is sent again, under the same idempotency key: webhooks are at-least-once, and the key
 lets a receiver make them exactly-once.
 
-Stored under :meth:`calor.server.store.Keys.delivery` as Delivery JSON.
+Stored under :meth:`calor.server.storage.store.Keys.delivery` as Delivery JSON.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from calor.server.ops import DeleteKey, PutKey
-from calor.server.store import Keys, MemoryStore
+from calor.server.storage.ops import DeleteKey, PutKey
+from calor.server.storage.store import Keys, MemoryStore
 
 __all__ = ["Delivery", "drop_delivery", "pending_deliveries", "put_delivery"]
 

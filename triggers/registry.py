@@ -1,5 +1,5 @@
 """Triggers at rest: rules, fire counters, firing history and decay markers in RocksDB
-(their keys are named by :class:`calor.server.store.Keys`).
+(their keys are named by :class:`calor.server.storage.store.Keys`).
 
 A firing's counter, history and decay marker are written in the change of the action
 itself (``count``, ``history``, ``decay_fired``, each returning bookkeeping writes),
@@ -13,9 +13,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from calor.server.changes import Changes, commit
-from calor.server.ops import DeleteKey, PutKey
-from calor.server.store import Keys, MemoryStore
+from calor.server.engine.changes import Changes, commit
+from calor.server.storage.ops import DeleteKey, PutKey
+from calor.server.storage.store import Keys, MemoryStore
 from calor.triggers.rules import TriggerRule
 
 __all__ = ["Counter", "Firing", "TriggerRegistry"]

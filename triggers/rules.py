@@ -11,8 +11,8 @@ from typing import Any, Protocol, cast
 
 import re2  # type: ignore[import-untyped]
 
+from calor.server.api.wire import enum_text, full_name, short_name, timestamp_message
 from calor.server.errors import InvalidArgumentError
-from calor.server.wire import enum_text, full_name, timestamp_message
 from calor.triggers.rule_config import redact_config, validate_config
 from calor.v1 import memory_pb2, trigger_service_pb2
 
@@ -43,7 +43,7 @@ _ACTION_BY_VALUE = {
     trigger_service_pb2.ActionKind.Value(full_name(_ACTION_PREFIX, name)): name for name in ACTIONS
 }
 _TYPE_BY_VALUE = {
-    value: name.removeprefix(_TYPE_PREFIX).lower()
+    value: short_name(_TYPE_PREFIX, name)
     for name, value in memory_pb2.MemoryType.items()
     if value != memory_pb2.MEMORY_TYPE_UNSPECIFIED
 }

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from calor.server.clock import Clock
-from calor.server.engine import MemoryEngine
+from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import NotFoundError
 from calor.server.events import EventRecord
 from calor.triggers.registry import TriggerRegistry

@@ -8,24 +8,25 @@ from typing import Any
 
 import grpc
 
-from calor.server.errors import (
-    AlreadyExistsError,
-    CalorError,
-    InvalidArgumentError,
-    NotFoundError,
-    OutOfRangeError,
-)
-from calor.server.events import EventRecord
-from calor.server.ids import new_id
-from calor.server.rpc import abort_with, rpc_errors
-from calor.server.runtime import Runtime
-from calor.server.wire import (
+from calor.server.api.rpc import abort_with, rpc_errors
+from calor.server.api.runtime import Runtime
+from calor.server.api.wire import (
     decode_page_token,
     encode_page_token,
     enum_name,
     full_name,
     timestamp_message,
 )
+from calor.server.errors import (
+    AlreadyExistsError,
+    CalorError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    UnavailableError,
+)
+from calor.server.events import EventRecord
+from calor.server.ids import new_id
 from calor.triggers.actions import describe
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.registry import Firing
@@ -91,9 +92,16 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._engine: TriggerEngine | None = None
+
+    def attach(self, triggers: TriggerEngine) -> None:
+        """Serve this trigger engine, once the server has loaded it."""
+        self._engine = triggers
 
     def _triggers(self) -> TriggerEngine:
-        return self._rt.triggers
+        if self._engine is None:
+            raise UnavailableError("the server is starting: the model and indexes are loading")
+        return self._engine
 
     @rpc_errors
     async def CreateTrigger(

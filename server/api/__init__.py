@@ -1,0 +1,3 @@
+"""The API edge: the gRPC servicers, validation of requests, conversion of replies, and the
+small shared wire forms (timestamps, enum names, page tokens).
+"""

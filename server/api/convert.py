@@ -1,0 +1,104 @@
+"""Engine records → API messages; heat and state are evaluated at the moment of reply."""
+
+from __future__ import annotations
+
+from calor.server.api.wire import full_name, timestamp_message
+from calor.server.engine.dream import DreamReport
+from calor.server.engine.results import ChannelStatus
+from calor.server.recall.ranking import Hit
+from calor.server.recall.temporal import TimeWindow
+from calor.server.records import MemoryRecord
+from calor.server.thermo.graph import Edge
+from calor.v1 import memory_pb2, memory_service_pb2
+
+__all__ = [
+    "dream_message",
+    "edge_message",
+    "hit_message",
+    "memory_message",
+    "status_message",
+    "window_message",
+]
+
+
+def memory_message(record: MemoryRecord, heat: float) -> memory_pb2.Memory:
+    """The API view of a memory as it stands now (evolved), with its current heat."""
+    message = memory_pb2.Memory(
+        id=record.id,
+        channel=record.channel,
+        text=record.text,
+        memory_type=memory_pb2.MemoryType.Value(full_name("MEMORY_TYPE_", record.memory_type)),
+        heat=heat,
+        stability=record.stability,
+        importance=record.importance,
+        utility=record.utility,
+        recall_count=record.recall_count,
+        keystone=record.keystone,
+        state=memory_pb2.MemoryState.Value(full_name("MEMORY_STATE_", record.state)),
+        tags=record.tags,
+        entities=record.entities,
+        created_at=timestamp_message(record.created_at),
+        updated_at=timestamp_message(record.updated_at),
+        merged_into=record.merged_into,
+        merged_from=record.merged_from,
+        source=memory_pb2.Source.Value(full_name("SOURCE_", record.source)),
+        confidence=memory_pb2.Confidence.Value(full_name("CONFIDENCE_", record.confidence)),
+        provenance=record.provenance,
+        heat0=record.heat0,
+        t0=timestamp_message(record.t0),
+    )
+    if record.last_recalled_at is not None:
+        message.last_recalled_at.CopyFrom(timestamp_message(record.last_recalled_at))
+    return message
+
+
+def edge_message(edge: Edge) -> memory_pb2.Edge:
+    """One graph edge."""
+    return memory_pb2.Edge(
+        from_id=edge.from_id,
+        to_id=edge.to_id,
+        kind=memory_pb2.EdgeKind.Value(full_name("EDGE_KIND_", edge.kind)),
+        weight=edge.weight,
+    )
+
+
+def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.RecallHit:
+    """One recall hit with its score breakdown."""
+    return memory_service_pb2.RecallHit(
+        memory=memory,
+        score=hit.score,
+        similarity=hit.similarity,
+        keyword=hit.keyword,
+        temporal=hit.temporal,
+        band=hit.band,
+        heat=hit.heat,
+        channel_bonus=hit.channel_bonus,
+        lexical=hit.lexical,
+        source=hit.source,
+    )
+
+
+def window_message(window: TimeWindow) -> memory_service_pb2.TimeWindow:
+    """The time window a recall boosted."""
+    return memory_service_pb2.TimeWindow(
+        start=timestamp_message(window.start.timestamp()),
+        end=timestamp_message(window.end.timestamp()),
+        phrase=window.phrase,
+    )
+
+
+def dream_message(report: DreamReport) -> memory_service_pb2.DreamResponse:
+    """The dream report."""
+    return memory_service_pb2.DreamResponse(**report.__dict__)
+
+
+def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse:
+    """A channel's counts, keyed by the API's enum names."""
+    return memory_service_pb2.IdentityResponse(
+        total=status.total,
+        by_state={full_name("MEMORY_STATE_", k): v for k, v in status.by_state.items()},
+        by_type={full_name("MEMORY_TYPE_", k): v for k, v in status.by_type.items()},
+        channel_heat=status.channel_heat,
+        consolidation_sweeps=status.sweeps,
+        interactions=status.interactions,
+    )

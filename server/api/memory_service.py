@@ -1,0 +1,355 @@
+"""MemoryService: thin async servicers — validate, hand to the engine, convert the reply."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import numpy as np
+
+from calor.server.api.convert import (
+    dream_message,
+    edge_message,
+    hit_message,
+    memory_message,
+    status_message,
+    window_message,
+)
+from calor.server.api.rpc import abort_with, rpc_errors
+from calor.server.api.runtime import Runtime
+from calor.server.api.settings import settings_message
+from calor.server.api.wire import encode_page_token
+from calor.server.commands import ListQuery, NewMemory
+from calor.server.embedding import BatchEmbedding
+from calor.server.engine.results import Current, Stored
+from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
+from calor.server.storage.markdown import (
+    MarkdownReader,
+    render_header,
+    render_memory,
+    to_new_memory,
+)
+from calor.server.thermo.channel_state import active_gates
+from calor.v1 import memory_pb2, memory_service_pb2_grpc
+from calor.v1 import memory_service_pb2 as pb
+
+__all__ = ["MemoryServicer"]
+
+_EXPORT_PAGE = 200
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
+    """The gRPC face of the memory engine."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @staticmethod
+    def _memory(current: Current) -> memory_pb2.Memory:
+        return memory_message(current.record, current.heat)
+
+    async def _store(self, items: list[NewMemory]) -> list[Stored]:
+        engine = self._rt.engine
+        vectors = await self._rt.embeddings.passages([item.text for item in items])
+        return await self._rt.run(engine.store, items, vectors)
+
+    @rpc_errors
+    async def Store(self, request: pb.StoreRequest, context: _Context) -> pb.StoreResponse:
+        item = self._rt.validator.store(request)
+        earlier = await self._rt.run(
+            self._rt.engine.channels.find_idempotent, item.channel, item.idempotency_key
+        )
+        if earlier is not None:
+            return pb.StoreResponse(memory=self._memory(earlier))
+        [stored] = await self._store([item])
+        return pb.StoreResponse(memory=memory_message(stored.record, stored.heat))
+
+    async def StoreStream(
+        self, request_iterator: AsyncIterator[pb.StoreStreamRequest], context: _Context
+    ) -> pb.StoreStreamResponse:
+        """All or nothing: items are validated and embedded as they arrive, then stored
+        together in one atomic batch, so a bad item leaves the channel unchanged."""
+        try:
+            items, vectors = await self._receive(request_iterator)
+            stored = await self._rt.run(self._rt.engine.store, items, vectors)
+        except CalorError as error:
+            await abort_with(context, error)
+            raise  # unreachable: abort raises
+        return pb.StoreStreamResponse(ids=[s.record.id for s in stored])
+
+    async def _receive(
+        self, requests: AsyncIterator[pb.StoreStreamRequest]
+    ) -> tuple[list[NewMemory], np.ndarray]:
+        limits = self._rt.config.limits
+        items: list[NewMemory] = []
+        batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch)
+        try:
+            async for request in requests:
+                if len(items) >= limits.max_stream_items:
+                    raise InvalidArgumentError(
+                        f"StoreStream: more than {limits.max_stream_items} items in one stream"
+                    )
+                try:
+                    item = self._rt.validator.store(request.store)
+                except InvalidArgumentError as error:
+                    raise InvalidArgumentError(f"item {len(items)}: {error.message}") from None
+                items.append(item)
+                batch.add([item.text])
+            if not items:
+                raise InvalidArgumentError("StoreStream: the stream held no items")
+            return items, await batch.vectors()
+        finally:
+            batch.cancel()
+
+    @rpc_errors
+    async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
+        query = self._rt.validator.recall(request)
+        vector = await self._rt.embeddings.query(query.query)
+        critical = self._rt.engine.channels.policy(query.channel).load_inflight_critical
+        overloaded = self._rt.inflight + 1 >= critical  # counting this call
+        result = await self._rt.run(self._rt.engine.recall, query, vector, overloaded)
+        reply = pb.RecallResponse(
+            hits=[
+                hit_message(hit, self._memory(now))
+                for hit, now in zip(result.hits, result.memories, strict=True)
+            ]
+        )
+        if result.window is not None:
+            reply.temporal_window.CopyFrom(window_message(result.window))
+        return reply
+
+    @rpc_errors
+    async def Inspect(self, request: pb.InspectRequest, context: _Context) -> pb.InspectResponse:
+        validator = self._rt.validator
+        record, edges = await self._rt.run(
+            self._rt.engine.inspect,
+            validator.channel(request.channel),
+            validator.memory_id(request.id),
+        )
+        return pb.InspectResponse(
+            memory=self._memory(record), edges=[edge_message(e) for e in edges]
+        )
+
+    @rpc_errors
+    async def ListMemories(
+        self, request: pb.ListMemoriesRequest, context: _Context
+    ) -> pb.ListMemoriesResponse:
+        query = self._rt.validator.list_query(request)
+        page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
+        return pb.ListMemoriesResponse(
+            memories=[self._memory(now) for now in page],
+            next_page_token=encode_page_token(after) if after else "",
+        )
+
+    @rpc_errors
+    async def Update(self, request: pb.UpdateRequest, context: _Context) -> pb.UpdateResponse:
+        change = self._rt.validator.update(request)
+        vector = None
+        if change.text is not None:
+            vector = (await self._rt.embeddings.passages([change.text]))[0]
+        record = await self._rt.run(self._rt.engine.update, change, vector)
+        return pb.UpdateResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def Keystone(self, request: pb.KeystoneRequest, context: _Context) -> pb.KeystoneResponse:
+        validator = self._rt.validator
+        record = await self._rt.run(
+            self._rt.engine.keystone,
+            validator.channel(request.channel),
+            validator.memory_id(request.id),
+            request.keystone,
+        )
+        return pb.KeystoneResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def Boost(self, request: pb.BoostRequest, context: _Context) -> pb.BoostResponse:
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        memory_id = validator.memory_id(request.id)
+        delta = validator.delta(request.delta)
+        record = await self._rt.run(self._rt.engine.boost, channel, memory_id, delta)
+        return pb.BoostResponse(memory=self._memory(record))
+
+    @rpc_errors
+    async def Forget(self, request: pb.ForgetRequest, context: _Context) -> pb.ForgetResponse:
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        limit = self._rt.config.limits.max_forget_ids
+        if len(request.ids) > limit:
+            raise InvalidArgumentError(f"ids: more than {limit} in one call")
+        ids = [validator.memory_id(i, "ids") for i in request.ids]
+        if request.HasField("filter"):
+            ids.extend(await self._rt.run(self._rt.engine.channels.matching, self._filter(request)))
+        elif not ids:
+            raise InvalidArgumentError("forget: give ids or a filter")
+        count = await self._rt.run(self._rt.engine.forget, channel, ids)
+        return pb.ForgetResponse(forgotten=count)
+
+    def _filter(self, request: pb.ForgetRequest) -> ListQuery:
+        validator = self._rt.validator
+        spec = request.filter
+        query = ListQuery(
+            channel=request.channel,
+            memory_types=validator.memory_types(spec.memory_types),
+            states=validator.states(spec.states),
+            tags=validator.tag_filter(spec.tags),
+            time_to=validator.timestamp(spec.created_before, "filter.created_before")
+            if spec.HasField("created_before")
+            else None,
+        )
+        if not (query.memory_types or query.states or query.tags or query.time_to is not None):
+            raise InvalidArgumentError(
+                "filter: an empty filter would forget everything; name "
+                "types, states, tags or created_before"
+            )
+        return query
+
+    @rpc_errors
+    async def Identity(self, request: pb.IdentityRequest, context: _Context) -> pb.IdentityResponse:
+        channel = self._rt.validator.channel(request.channel)
+        status = await self._rt.run(self._rt.engine.channels.status, channel)
+        policy = self._rt.engine.channels.policy(channel)
+        reply = status_message(status)
+        reply.active_gates.extend(active_gates(policy))
+        conflicts = await self._rt.run(self._rt.engine.channels.conflicts, channel)
+        reply.conflicts.extend(
+            memory_pb2.Conflict(a_id=a, b_id=b, reason=reason) for a, b, reason in conflicts
+        )
+        reply.settings.CopyFrom(settings_message(policy))
+        return reply
+
+    @rpc_errors
+    async def Connect(self, request: pb.ConnectRequest, context: _Context) -> pb.ConnectResponse:
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        from_id = validator.memory_id(request.from_id, "from_id")
+        to_id = validator.memory_id(request.to_id, "to_id")
+        weight = validator.unit(request.weight, "weight") or 1.0
+        edge = await self._rt.run(self._rt.engine.connect, channel, from_id, to_id, weight)
+        return pb.ConnectResponse(edge=edge_message(edge))
+
+    async def _unimplemented(self, name: str, issue: int, context: _Context) -> None:
+        await abort_with(
+            context, UnimplementedError(f"{name} is not implemented yet (issue {issue})")
+        )
+
+    async def Share(self, request: pb.ShareRequest, context: _Context) -> pb.ShareResponse:
+        await self._unimplemented("Share", 11, context)
+        return pb.ShareResponse()
+
+    async def Evaluate(self, request: pb.EvaluateRequest, context: _Context) -> pb.EvaluateResponse:
+        await self._unimplemented("Evaluate", 11, context)
+        return pb.EvaluateResponse()
+
+    async def EntityCard(
+        self, request: pb.EntityCardRequest, context: _Context
+    ) -> pb.EntityCardResponse:
+        await self._unimplemented("EntityCard", 11, context)
+        return pb.EntityCardResponse()
+
+    @rpc_errors
+    async def Dream(self, request: pb.DreamRequest, context: _Context) -> pb.DreamResponse:
+        channel = self._rt.validator.channel(request.channel)
+        report = await self._rt.run(self._rt.engine.dream, channel)
+        return dream_message(report)
+
+    @rpc_errors
+    async def Offer(self, request: pb.OfferRequest, context: _Context) -> pb.OfferResponse:
+        channel = self._rt.validator.channel(request.channel)
+        limit = self._rt.config.limits.max_text_bytes * 32
+        if len(request.entropy) > limit:
+            raise InvalidArgumentError(f"entropy: more than {limit} bytes in one offer")
+        accumulated, report = await self._rt.run(
+            self._rt.engine.offer, channel, len(request.entropy)
+        )
+        reply = pb.OfferResponse(accumulated=accumulated, dreamed=report is not None)
+        if report is not None:
+            reply.report.CopyFrom(dream_message(report))
+        return reply
+
+    async def Context(self, request: pb.ContextRequest, context: _Context) -> pb.ContextResponse:
+        await self._unimplemented("Context", 11, context)
+        return pb.ContextResponse()
+
+    async def Feedback(self, request: pb.FeedbackRequest, context: _Context) -> pb.FeedbackResponse:
+        await self._unimplemented("Feedback", 11, context)
+        return pb.FeedbackResponse()
+
+    async def Export(
+        self, request: pb.ExportRequest, context: _Context
+    ) -> AsyncIterator[pb.ExportResponse]:
+        """The channel as Markdown: a header, then sections in id order, a page at a time."""
+        try:
+            channel = self._rt.validator.channel(request.channel)
+            states = frozenset(
+                {"active", "cold", *(("archived",) if request.include_archived else ())}
+            )
+            total = len(
+                await self._rt.run(
+                    self._rt.engine.channels.matching, ListQuery(channel=channel, states=states)
+                )
+            )
+            header = render_header(channel, self._rt.clock.now(), total)
+            yield pb.ExportResponse(markdown=header, memories=0)
+            query = ListQuery(channel=channel, page_size=_EXPORT_PAGE, states=states)
+            while True:
+                page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
+                sections = [render_memory(now.record, now.heat, now.record.state) for now in page]
+                if sections:
+                    yield pb.ExportResponse(markdown="".join(sections), memories=len(sections))
+                if not after:
+                    return
+                query = replace(query, after_id=after)
+        except CalorError as error:
+            await abort_with(context, error)
+
+    async def Import(
+        self, request_iterator: AsyncIterator[pb.ImportRequest], context: _Context
+    ) -> pb.ImportResponse:
+        """Markdown (an export, or a plain list of notes) in as memories, all or nothing:
+        parsed and embedded as it arrives, stored together in one batch."""
+        batch = BatchEmbedding(self._rt.embeddings, self._rt.config.limits.max_stream_batch)
+        try:
+            items = await self._read_import(request_iterator, batch)
+            vectors = await batch.vectors()
+            stored = await self._rt.run(self._rt.engine.store, items, vectors)
+        except CalorError as error:
+            await abort_with(context, error)
+            raise  # unreachable: abort raises
+        finally:
+            batch.cancel()
+        return pb.ImportResponse(ids=[s.record.id for s in stored])
+
+    async def _read_import(
+        self, requests: AsyncIterator[pb.ImportRequest], batch: BatchEmbedding
+    ) -> list[NewMemory]:
+        """The import's memories; each is handed to ``batch`` to embed as it is read."""
+        validator = self._rt.validator
+        reader = MarkdownReader()
+        channel = ""
+        items: list[NewMemory] = []
+        async for request in requests:
+            if request.channel and request.channel != channel:
+                if channel:
+                    raise InvalidArgumentError("channel: one import goes to one channel")
+                channel = validator.channel(request.channel)
+            if not channel:
+                raise InvalidArgumentError("channel: the first message must name the channel")
+            read = [
+                validator.imported(to_new_memory(p, channel), p.line)
+                for p in reader.feed(request.markdown)
+            ]
+            items.extend(read)
+            if len(items) > self._rt.config.limits.max_stream_items:
+                raise InvalidArgumentError("Import: too many memories in one import")
+            batch.add([item.text for item in read])
+        read = [validator.imported(to_new_memory(p, channel), p.line) for p in reader.finish()]
+        items.extend(read)
+        batch.add([item.text for item in read])
+        if not items:
+            raise InvalidArgumentError("Import: the Markdown held no memories")
+        return items

@@ -1,0 +1,67 @@
+"""What the servicers share: the engine, the model queue, the executor, and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from calor.server.api.validation import Validator
+from calor.server.clock import Clock
+from calor.server.config import ServerConfig
+from calor.server.embedding import EmbeddingQueue
+from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.errors import UnavailableError
+
+__all__ = ["Runtime"]
+
+_T = TypeVar("_T")
+
+
+class Runtime:
+    """The parts a running server is made of, ready once the model and indexes are loaded."""
+
+    def __init__(self, config: ServerConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.validator = Validator(config.limits, clock)
+        self.executor = ThreadPoolExecutor(
+            max_workers=config.workers, thread_name_prefix="calor-store"
+        )
+        self.inflight = 0
+        self._engine: MemoryEngine | None = None
+        self._embeddings: EmbeddingQueue | None = None
+
+    def attach(self, engine: MemoryEngine, embeddings: EmbeddingQueue) -> None:
+        """Make the loaded engine and model available; the server is ready from now."""
+        self._engine = engine
+        self._embeddings = embeddings
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model and the indexes are loaded."""
+        return self._engine is not None
+
+    @property
+    def engine(self) -> MemoryEngine:
+        """The memory engine; UNAVAILABLE while the server is still starting."""
+        if self._engine is None:
+            raise UnavailableError("the server is starting: the model and indexes are loading")
+        return self._engine
+
+    @property
+    def embeddings(self) -> EmbeddingQueue:
+        """The model queue; UNAVAILABLE while the server is still starting."""
+        if self._embeddings is None:
+            raise UnavailableError("the server is starting: the model and indexes are loading")
+        return self._embeddings
+
+    async def run(self, function: Callable[..., _T], *args: object) -> _T:
+        """Run blocking store or index work on the executor; ``inflight`` counts it."""
+        loop = asyncio.get_running_loop()
+        self.inflight += 1
+        try:
+            return await loop.run_in_executor(self.executor, function, *args)
+        finally:
+            self.inflight -= 1

@@ -1,0 +1,189 @@
+"""The one write path: a change to a channel is said here, written as one RocksDB batch,
+and only then applied to the channel's in-memory view.
+
+    with changing(store, channel) as change:
+        change.put(record)
+        change.log(event)
+
+On leaving the block without an error the operations (a :class:`~calor.server.storage.ops.
+ChangeList`) are committed by :meth:`MemoryStore.write`; once that returns, the view
+applies the same list (:meth:`Channel.apply`). If the commit fails, the view is as it
+was. What a forgotten memory leaves behind (its edges, its conflicts) and how an edge's
+weight is kept are decided here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+
+import numpy as np
+
+from calor.server.engine.channel import Channel, conflict_pair
+from calor.server.events import EventRecord
+from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.ops import (
+    AddMemory,
+    ChangeList,
+    DeleteKey,
+    DropVector,
+    Forget,
+    Link,
+    Log,
+    OpenConflict,
+    Operation,
+    PutKey,
+    PutMemory,
+    SetPolicy,
+    SetState,
+    SettleConflict,
+    StageVector,
+    Unlink,
+)
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.graph import Edge
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["Bookkeeping", "Changes", "changing", "commit"]
+
+# Another component's writes (a trigger's cursor and counters) that join a change's batch.
+Bookkeeping = Sequence[PutKey | DeleteKey]
+
+
+class Changes:
+    """The operations of one change to one channel, said in order.
+
+    ``channel`` is the live view the change applies to once durable; None for a
+    channel that has no view (bookkeeping, events of a channel never written to).
+    The caller holds the channel's lock from the first operation to the commit.
+    """
+
+    def __init__(self, name: str, channel: Channel | None = None) -> None:
+        self.name = name
+        self.channel = channel
+        self.ops: list[Operation] = []
+        self._links: dict[tuple[str, str, str], float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    def as_list(self) -> ChangeList:
+        """The change as a plain list of operations."""
+        return ChangeList(self.name, list(self.ops))
+
+    # --- memories ------------------------------------------------------------------
+
+    def add(self, record: MemoryRecord, vector: np.ndarray, staged: bool = False) -> None:
+        """A new memory, with its embedding (``staged``: written ahead already)."""
+        self.ops.append(AddMemory(record, vector, staged))
+
+    def put(self, record: MemoryRecord, vector: np.ndarray | None = None) -> None:
+        """A changed memory; ``vector`` when its text (and so its embedding) changed."""
+        self.ops.append(PutMemory(record, vector))
+
+    def forget(self, record: MemoryRecord, now: float) -> MemoryRecord:
+        """Make a memory a tombstone: no text, no embedding, no edges, no conflicts."""
+        tombstone = replace(record, state=DELETED, text="", updated_at=now)
+        if self.channel is not None:
+            for edge in self.channel.graph.edges(record.id):
+                self.unlink(edge)
+            for a, b in self.channel.conflicts_of(record.id):
+                self.settle(a, b)
+        self.ops.append(Forget(tombstone))
+        return tombstone
+
+    def stage_vector(self, memory_id: str, vector: np.ndarray) -> None:
+        """Write an embedding ahead of its record (a bulk store's first part)."""
+        self.ops.append(StageVector(memory_id, vector))
+
+    def drop_vector(self, memory_id: str) -> None:
+        """Drop an embedding whose record was never written."""
+        self.ops.append(DropVector(memory_id))
+
+    # --- the graph -----------------------------------------------------------------
+
+    def link(self, a: str, b: str, kind: str, weight: float) -> Edge:
+        """Link two memories; a link that exists already keeps the larger weight."""
+        low, high = conflict_pair(a, b)
+        held = self._links.get((low, high, kind))
+        if held is None and self.channel is not None:
+            held = self.channel.graph.weight(low, high, kind)
+        weight = weight if held is None else max(weight, held)
+        self._links[(low, high, kind)] = weight
+        self.ops.append(Link(a, b, kind, weight))
+        return Edge(a, b, kind, weight)
+
+    def unlink(self, edge: Edge) -> None:
+        """Drop an edge."""
+        low, high = conflict_pair(edge.from_id, edge.to_id)
+        self._links.pop((low, high, edge.kind), None)
+        self.ops.append(Unlink(edge.from_id, edge.to_id, edge.kind))
+
+    # --- conflicts -----------------------------------------------------------------
+
+    def open_conflict(self, a: str, b: str, reason: str) -> None:
+        """Record that two memories contradict each other."""
+        self.ops.append(OpenConflict(*conflict_pair(a, b), reason))
+
+    def settle(self, a: str, b: str) -> None:
+        """Close the conflict between two memories."""
+        self.ops.append(SettleConflict(*conflict_pair(a, b)))
+
+    def settle_all(self, memory_id: str) -> None:
+        """Close every open conflict a memory is part of."""
+        if self.channel is not None:
+            for a, b in self.channel.conflicts_of(memory_id):
+                self.settle(a, b)
+
+    # --- the channel ---------------------------------------------------------------
+
+    def set_state(self, state: ChannelState) -> None:
+        """The channel's own state from now on."""
+        self.ops.append(SetState(state))
+
+    def set_policy(self, policy: ChannelPolicy) -> None:
+        """The channel's settings from now on."""
+        self.ops.append(SetPolicy(policy))
+
+    def log(self, *events: EventRecord) -> None:
+        """Log events with this change."""
+        self.ops.extend(Log(event) for event in events)
+
+    def keep(self, bookkeeping: Bookkeeping) -> None:
+        """Write another component's bookkeeping in this change's batch."""
+        self.ops.extend(bookkeeping)
+
+
+def commit(store: MemoryStore, changes: Sequence[Changes]) -> list[EventRecord]:
+    """Write changes as one atomic batch, then apply each to its channel's view.
+
+    Returns the logged events, numbered. A changed memory that enters an index which
+    holds no embedding of it (a ghost coming back) brings its stored embedding along.
+    """
+    changes = [change for change in changes if change]
+    if not changes:
+        return []
+    for change in changes:
+        view = change.channel
+        if view is None:
+            continue
+        for n, op in enumerate(change.ops):
+            if isinstance(op, PutMemory) and op.vector is None and view.needs_vector(op.record):
+                change.ops[n] = PutMemory(op.record, store.get_vector(change.name, op.record.id))
+    events = store.write([change.as_list() for change in changes])
+    for change in changes:
+        if change.channel is not None:
+            change.channel.apply(change.as_list())
+    return events
+
+
+@contextmanager
+def changing(store: MemoryStore, channel: Channel | None, name: str = "") -> Iterator[Changes]:
+    """Say one change to a channel in the block; it is committed when the block ends
+    without an error (nothing is written if nothing was said)."""
+    change = Changes(channel.name if channel is not None else name, channel)
+    yield change
+    if change:
+        commit(store, [change])

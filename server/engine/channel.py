@@ -1,0 +1,275 @@
+"""The live, in-memory view of one channel, rebuilt from RocksDB: records, indexes, graph.
+
+The view changes in one way only: :meth:`Channel.apply` takes a change list that is
+already durable (see :mod:`calor.server.engine.changes`). Every method expects the caller to
+hold ``lock``; nothing here reads or writes RocksDB.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calor.models.entities import entity_key
+from calor.server.clock import Clock
+from calor.server.engine.ingest import Neighbourhood
+from calor.server.engine.results import Current
+from calor.server.recall.index import ChannelIndex
+from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
+from calor.server.storage.ops import (
+    AddMemory,
+    ChangeList,
+    Forget,
+    Link,
+    OpenConflict,
+    Operation,
+    PutMemory,
+    SetPolicy,
+    SetState,
+    SettleConflict,
+    Unlink,
+)
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.graph import Graph
+from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, next_change_at
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["Channel", "conflict_pair"]
+
+_LIVE = frozenset({ACTIVE, COLD})
+# Memories in these states name their entities no more: nothing links to them.
+_UNNAMED = frozenset({DELETED, MERGED})
+
+
+def conflict_pair(a: str, b: str) -> tuple[str, str]:
+    """The order-free name of a conflict between two memories."""
+    return (a, b) if a < b else (b, a)
+
+
+@dataclass
+class Channel:
+    """One channel's memories as the engine serves them, with its settings and clocks.
+
+    ``index`` holds the live (ACTIVE and COLD) memories, ``attic`` the ARCHIVED ones
+    (searched only with ``include_archived``); ghosts, merged and forgotten memories
+    are in neither. ``schedule`` is a heap of the moments a memory's state changes by
+    itself, so those changes are persisted when due without scanning the channel;
+    ``cold_since_sweep`` counts the memories that turned COLD since the last
+    consolidation sweep.
+    """
+
+    name: str
+    dim: int
+    policy: ChannelPolicy
+    clock: Clock
+    records: dict[str, MemoryRecord] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    dream_lock: threading.Lock = field(default_factory=threading.Lock)
+    graph: Graph = field(default_factory=Graph)
+    state: ChannelState = field(default_factory=ChannelState)
+    entity_members: dict[str, list[str]] = field(default_factory=dict)
+    last_in_session: dict[str, tuple[str, float]] = field(default_factory=dict)
+    schedule: list[tuple[float, str]] = field(default_factory=list)
+    cold_since_sweep: int = 0
+    conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
+    _ids: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.index = ChannelIndex(self.dim)
+        self.attic = ChannelIndex(self.dim)
+
+    # --- reading -----------------------------------------------------------------
+
+    def clocks(self) -> Clocks:
+        """Now, on both of the channel's clocks (wall time and interactions)."""
+        return Clocks(self.clock.now(), self.state.interactions)
+
+    def evolved(self, record: MemoryRecord, clocks: Clocks | None = None) -> MemoryRecord:
+        """A record as it stands now (promotion and state transitions applied)."""
+        return evolve(record, self.policy, clocks or self.clocks())
+
+    def heat(self, record: MemoryRecord, clocks: Clocks | None = None) -> float:
+        """A memory's heat now."""
+        clocks = clocks or self.clocks()
+        return current_heat(evolve(record, self.policy, clocks), self.policy, clocks)
+
+    def current(self, record: MemoryRecord, clocks: Clocks | None = None) -> Current:
+        """A memory as it stands now, with its heat: what a reply shows."""
+        clocks = clocks or self.clocks()
+        evolved = evolve(record, self.policy, clocks)
+        return Current(evolved.copy(), current_heat(evolved, self.policy, clocks))
+
+    def neighbourhood(self) -> Neighbourhood:
+        """What a store links new memories against (read, never written, by ingest)."""
+        return Neighbourhood(self.index, self.records, self.entity_members, self.last_in_session)
+
+    def conflicts_of(self, memory_id: str) -> list[tuple[str, str]]:
+        """The open conflicts a memory is part of."""
+        return [pair for pair in self.conflicts if memory_id in pair]
+
+    def needs_vector(self, record: MemoryRecord) -> bool:
+        """Whether a changed record enters an index that holds no embedding of it yet."""
+        target = self._index_for(record)
+        return target is not None and record.id not in self.index and record.id not in self.attic
+
+    def ids_after(self, after_id: str) -> Iterator[str]:
+        """Memory ids in order, starting after ``after_id``."""
+        start = bisect.bisect_right(self._ids, after_id) if after_id else 0
+        yield from self._ids[start:]
+
+    # --- building from the store -------------------------------------------------
+
+    def remember(self, record: MemoryRecord) -> None:
+        """Take a record read back from RocksDB (in id order) into the view."""
+        self.records[record.id] = record
+        self._ids.append(record.id)
+        self._name_entities(record, [])
+        if record.session:
+            self.last_in_session[record.session] = (record.id, record.created_at)
+
+    def index_all(self, entries: Sequence[tuple[MemoryRecord, np.ndarray]]) -> None:
+        """Index stored memories with their embeddings, each where its state puts it."""
+        for record, _ in entries:
+            self._schedule(record)
+        self._index_new(list(entries))
+
+    # --- the one way the view changes --------------------------------------------
+
+    def apply(self, change: ChangeList) -> None:
+        """Apply a change list that is durable already to the view."""
+        for op in change.ops:  # the channel's clocks first: indexing reads them
+            if isinstance(op, SetState):
+                self.state = op.state
+        new: list[tuple[MemoryRecord, np.ndarray]] = []  # indexed together, at the end
+        for op in change.ops:
+            if isinstance(op, AddMemory):
+                self._add(op.record)
+                new.append((op.record, op.vector))
+            elif isinstance(op, PutMemory | Forget):
+                if any(r.id == op.record.id for r, _ in new):
+                    self._index_new(new)
+                    new = []
+                if isinstance(op, PutMemory):
+                    self._put(op.record, op.vector)
+                else:
+                    self._forget(op.record)
+            else:
+                self._apply_to_channel(op)
+        self._index_new(new)
+
+    def _apply_to_channel(self, op: Operation) -> None:
+        match op:
+            case Link(a, b, kind, weight):
+                self.graph.add(a, b, kind, weight)
+            case Unlink(a, b, kind):
+                self.graph.unlink(a, b, kind)
+            case OpenConflict(a, b, reason):
+                self.conflicts[conflict_pair(a, b)] = reason
+            case SettleConflict(a, b):
+                self.conflicts.pop(conflict_pair(a, b), None)
+            case SetPolicy(policy):
+                self.policy = policy
+                self._reschedule()
+            case _:
+                pass  # state (taken first), the log, other components' bookkeeping
+
+    def _add(self, record: MemoryRecord) -> None:
+        self.records[record.id] = record
+        self._insert_id(record.id)
+        self._name_entities(record, [])
+        if record.session:
+            self.last_in_session[record.session] = (record.id, record.created_at)
+        self._schedule(record)
+
+    def _put(self, record: MemoryRecord, vector: np.ndarray | None) -> None:
+        before = self.records.get(record.id)
+        self.records[record.id] = record
+        self._name_entities(record, before.entities if before is not None else [])
+        target = self._index_for(record)
+        for index in (self.index, self.attic):
+            if index is not target and record.id in index:
+                vector = vector if vector is not None else index.vector(record.id)
+                index.remove(record.id)
+        if target is not None and vector is not None:
+            target.add([(record.id, record.text)], vector.reshape(1, -1))
+        self._schedule(record)
+
+    def _forget(self, tombstone: MemoryRecord) -> None:
+        before = self.records.get(tombstone.id)
+        self.records[tombstone.id] = tombstone
+        self._name_entities(tombstone, before.entities if before is not None else [])
+        self.index.remove(tombstone.id)
+        self.attic.remove(tombstone.id)
+        self.graph.remove(tombstone.id)
+
+    def _index_new(self, entries: list[tuple[MemoryRecord, np.ndarray]]) -> None:
+        live = [(r, v) for r, v in entries if self._index_for(r) is self.index]
+        archived = [(r, v) for r, v in entries if self._index_for(r) is self.attic]
+        for target, group in ((self.index, live), (self.attic, archived)):
+            if group:
+                target.add([(r.id, r.text) for r, _ in group], np.stack([v for _, v in group]))
+
+    def _index_for(self, record: MemoryRecord) -> ChannelIndex | None:
+        state = evolve(record, self.policy, self.clocks()).state
+        return self.index if state in _LIVE else self.attic if state == ARCHIVED else None
+
+    def _name_entities(self, record: MemoryRecord, before: list[str]) -> None:
+        """Entity membership: a memory is listed under each entity it names, unless merged
+        or forgotten."""
+        keep = set() if record.state in _UNNAMED else {entity_key(e) for e in record.entities}
+        for key in {entity_key(e) for e in before} - keep:
+            members = self.entity_members.get(key, [])
+            if record.id in members:
+                members.remove(record.id)
+        for key in dict.fromkeys(entity_key(e) for e in record.entities):
+            if key in keep:
+                members = self.entity_members.setdefault(key, [])
+                if record.id not in members[-1:] and record.id not in members:
+                    members.append(record.id)
+
+    def _insert_id(self, memory_id: str) -> None:
+        if not self._ids or self._ids[-1] < memory_id:
+            self._ids.append(memory_id)
+        else:
+            bisect.insort(self._ids, memory_id)
+
+    # --- scheduled state changes -------------------------------------------------
+
+    def _schedule(self, record: MemoryRecord) -> None:
+        moment = next_change_at(record, self.policy)
+        if moment != math.inf:
+            heapq.heappush(self.schedule, (moment, record.id))
+
+    def _reschedule(self) -> None:
+        """Recompute every scheduled moment (after the channel's policy changed).
+
+        Ranking always reads the evolved state, so results are right at once; the
+        indexes catch up as the rescheduled changes fall due.
+        """
+        self.schedule = []
+        for record in self.records.values():
+            self._schedule(record)
+
+    def due_transitions(self) -> list[MemoryRecord]:
+        """Records whose state changed by itself since last asked (to persist)."""
+        clocks = self.clocks()
+        changed: dict[str, MemoryRecord] = {}
+        while self.schedule and self.schedule[0][0] <= clocks.now:
+            _, memory_id = heapq.heappop(self.schedule)
+            record = self.records.get(memory_id)
+            if record is None:
+                continue
+            evolved = evolve(record, self.policy, clocks)
+            if evolved is not record:
+                changed[memory_id] = evolved
+                if evolved.state == COLD and record.state == ACTIVE:
+                    self.cold_since_sweep += 1
+            elif next_change_at(record, self.policy) > clocks.now:
+                self._schedule(record)
+        return list(changed.values())

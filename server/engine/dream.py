@@ -1,0 +1,327 @@
+"""Dreams (DESIGN §6): the sleep cycle that keeps a channel dense, deduplicated and honest.
+
+Steps, in order, each counted in the report: materialise heat and states; cold
+migration; conflict detection; merging near-duplicate clusters; keystone promotion;
+type promotion; ghost echoes, then ghost pruning; archival; channel-heat cooling.
+Every merge is one atomic RocksDB batch, so a dream cut short by a crash leaves no
+half-merged memory, and the next dream finishes the work. Run again with nothing
+changed, a dream reports zero changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from calor.models.contrast import contradiction
+from calor.server.engine.changes import changing
+from calor.server.engine.channel import Channel
+from calor.server.events import EventRecord
+from calor.server.recall.index import ScratchIndex
+from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MERGED, MemoryRecord
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
+from calor.server.thermo.policy import ChannelPolicy, DreamThresholds
+
+__all__ = ["DreamReport", "Dreamer"]
+
+# Every threshold of a dream is the channel's setting: ``ChannelPolicy.dreams``.
+_NEIGHBOURS = 16
+_LIVE = frozenset({ACTIVE, COLD})
+DAY = 86_400.0
+
+
+@dataclass
+class DreamReport:
+    """What a dream changed, step by step."""
+
+    migrated: int = 0
+    merged: int = 0
+    keystoned: int = 0
+    promoted: int = 0
+    echoed: int = 0
+    pruned: int = 0
+    archived: int = 0
+    conflicts: int = 0
+    channel_heat_before: float = 0.0
+    channel_heat_after: float = 0.0
+    duration_ms: int = 0
+
+    def payload(self) -> dict[str, str]:
+        """The report as event payload fields."""
+        return {k: str(v) for k, v in self.__dict__.items()}
+
+
+class Dreamer:
+    """Runs dreams over a channel's live view; the caller holds the channel's lock."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
+        """Dream once over the channel (or, for a consolidation sweep, its cold memories).
+
+        Each step holds the channel's lock only while it reads or writes the channel;
+        the similarity search runs on a snapshot, so stores and recalls go on meanwhile.
+        """
+        started = time.perf_counter()
+        with channel.lock:
+            policy, clocks = channel.policy, channel.clocks()
+            report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
+            report.migrated = self._materialise(channel, policy, clocks)
+            scope = self._scope(channel, cold_only)
+            snapshot = [(i, v) for i in scope if (v := channel.index.vector(i)) is not None]
+        least = min(policy.dreams.conflict_similarity, policy.dreams.merge_similarity)
+        pairs = _close_pairs(snapshot, least)
+        with channel.lock:
+            pairs = {p: s for p, s in pairs.items() if all(_live(channel, i) for i in p)}
+            report.conflicts = self._detect_conflicts(channel, pairs, policy)
+            clusters = self._clusters(channel, pairs, policy, clocks)
+        for cluster in clusters:
+            with channel.lock:
+                if all(_live(channel, i) for i in cluster):
+                    self._absorb(channel, cluster[0], cluster[1:], policy, clocks)
+                    report.merged += len(cluster) - 1
+        with channel.lock:
+            report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
+            report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
+            report.archived = self._archive(channel, policy, clocks)
+            state = replace(channel.state)
+            state.cool(policy, clocks.now)
+            report.channel_heat_after = state.heat(policy, clocks.now)
+            report.duration_ms = int((time.perf_counter() - started) * 1000)
+            event = EventRecord(
+                kind="dream",
+                channel=channel.name,
+                at=clocks.now,
+                message="dream",
+                payload=report.payload(),
+            )
+            with changing(self._store, channel) as change:
+                change.set_state(state)
+                change.log(event)
+        return report
+
+    def add_entropy(self, channel: Channel, entropy: int) -> tuple[int, bool]:
+        """Accumulate offered bytes, durably; True (and reset to 0) when the channel's
+        ``entropy_threshold`` is crossed, so the caller dreams."""
+        with channel.lock:
+            state = replace(channel.state, entropy=channel.state.entropy + entropy)
+            crossed = state.entropy >= channel.policy.entropy_threshold
+            if crossed:
+                state.entropy = 0
+            if state == channel.state:
+                return state.entropy, crossed  # nothing offered: nothing to write
+            with changing(self._store, channel) as change:
+                change.set_state(state)
+        return state.entropy, crossed
+
+    # --- steps ---------------------------------------------------------------------
+
+    def _write(self, channel: Channel, records: Iterable[MemoryRecord]) -> None:
+        with changing(self._store, channel) as change:
+            for record in records:
+                change.put(record)
+
+    def _materialise(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
+        """Persist every state that changed by itself; count moves to cold storage."""
+        changed = [
+            evolved
+            for record in channel.records.values()
+            if (evolved := evolve(record, policy, clocks)) is not record
+        ]
+        migrated = sum(1 for r in changed if r.state == ARCHIVED)
+        self._write(channel, changed)
+        return migrated
+
+    def _scope(self, channel: Channel, cold_only: bool) -> list[str]:
+        wanted = frozenset({COLD}) if cold_only else _LIVE
+        return sorted(i for i, r in channel.records.items() if r.state in wanted)
+
+    def _detect_conflicts(
+        self, channel: Channel, pairs: dict[tuple[str, str], float], policy: ChannelPolicy
+    ) -> int:
+        found: dict[tuple[str, str], str] = {}
+        for (a, b), similarity in sorted(pairs.items()):
+            if similarity < policy.dreams.conflict_similarity or (a, b) in channel.conflicts:
+                continue
+            reason = contradiction(channel.records[a].text, channel.records[b].text)
+            if reason is not None:
+                found[(a, b)] = reason
+        with changing(self._store, channel) as change:
+            for (a, b), reason in found.items():
+                change.open_conflict(a, b, reason)
+        return len(found)
+
+    def _clusters(
+        self,
+        channel: Channel,
+        pairs: dict[tuple[str, str], float],
+        policy: ChannelPolicy,
+        clocks: Clocks,
+    ) -> list[list[str]]:
+        """Groups in which every pair is at least the merge similarity close and none is
+        in conflict; the first of each group survives (a keystone, else the hottest)."""
+        close = {
+            pair
+            for pair, similarity in pairs.items()
+            if similarity >= policy.dreams.merge_similarity and pair not in channel.conflicts
+        }
+        heat = {i: current_heat(channel.records[i], policy, clocks) for p in close for i in p}
+        order = sorted(heat, key=lambda i: (not channel.records[i].keystone, -heat[i], i))
+        taken: set[str] = set()
+        clusters: list[list[str]] = []
+        for seed in order:
+            if seed in taken:
+                continue
+            cluster = [seed]
+            for other in order:
+                if other in taken or other in cluster:
+                    continue
+                if all((min(other, m), max(other, m)) in close for m in cluster):
+                    if channel.records[other].keystone and not channel.records[seed].keystone:
+                        continue  # a keystone is never absorbed into a non-keystone
+                    cluster.append(other)
+            if len(cluster) > 1:
+                taken.update(cluster)
+                clusters.append(cluster)
+        return clusters
+
+    def _absorb(
+        self,
+        channel: Channel,
+        survivor_id: str,
+        absorbed_ids: list[str],
+        policy: ChannelPolicy,
+        clocks: Clocks,
+    ) -> None:
+        """Fold ``absorbed_ids`` into the survivor, in one atomic batch."""
+        survivor = replace(channel.records[survivor_id])
+        absorbed = [replace(channel.records[i]) for i in absorbed_ids]
+        heat = max(current_heat(r, policy, clocks) for r in [survivor, *absorbed])
+        survivor.heat0, survivor.t0 = heat, clocks.now
+        survivor.interactions0 = clocks.interactions
+        survivor.recall_count += sum(r.recall_count for r in absorbed)
+        survivor.merged_from = sorted({*survivor.merged_from, *absorbed_ids})
+        for record in absorbed:
+            survivor.tags = {**record.tags, **survivor.tags}
+            record.state, record.merged_into, record.updated_at = MERGED, survivor.id, clocks.now
+        survivor.updated_at = clocks.now
+        with changing(self._store, channel) as change:
+            for record in absorbed:
+                for edge in channel.graph.edges(record.id):
+                    change.unlink(edge)
+                    if edge.to_id not in (survivor.id, *absorbed_ids):
+                        change.link(survivor.id, edge.to_id, edge.kind, edge.weight)
+                change.put(record)
+            change.put(survivor)
+
+    def _promote(
+        self, channel: Channel, policy: ChannelPolicy, clocks: Clocks, scope: list[str]
+    ) -> tuple[int, int]:
+        """Keystones for the much-recalled and hot; working → episodic → semantic."""
+        changed: dict[str, MemoryRecord] = {}
+        keystoned = promoted = 0
+        dreams = policy.dreams
+        for memory_id in scope:
+            record = channel.records[memory_id]
+            if record.state not in _LIVE:
+                continue
+            heat = current_heat(record, policy, clocks)
+            update = replace(
+                record,
+                heat0=heat,
+                t0=clocks.now,
+                interactions0=clocks.interactions,
+                updated_at=clocks.now,
+            )
+            if (
+                not record.keystone
+                and record.recall_count >= dreams.keystone_recalls
+                and heat >= dreams.keystone_heat
+            ):
+                update.keystone = True
+                keystoned += 1
+                changed[memory_id] = update
+            new_type = _promoted_type(record, dreams)
+            if new_type is not None:
+                update.memory_type = new_type
+                promoted += 1
+                changed[memory_id] = update
+        self._write(channel, changed.values())
+        return keystoned, promoted
+
+    def _ghosts(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> tuple[int, int]:
+        ghosts = [r for r in channel.records.values() if r.state == GHOST]
+        echoes: set[tuple[str, str]] = set()
+        for ghost in ghosts:
+            live = sorted(
+                n
+                for n in channel.graph.neighbours(ghost.id)
+                if channel.records.get(n) is not None and channel.records[n].state in _LIVE
+            )
+            for i, a in enumerate(live):
+                for b in live[i + 1 :]:
+                    if "echo" not in channel.graph.kinds(a, b):
+                        echoes.add((a, b))
+        prune_below = policy.dreams.prune_heat
+        doomed = [g for g in ghosts if current_heat(g, policy, clocks) < prune_below]
+        with changing(self._store, channel) as change:
+            for a, b in sorted(echoes):
+                change.link(a, b, "echo", 0.5)
+            for ghost in doomed:
+                change.forget(ghost, clocks.now)
+        return len(echoes), len(doomed)
+
+    def _archive(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
+        dreams = policy.dreams
+        old = [
+            replace(r, state=ARCHIVED, updated_at=clocks.now)
+            for r in channel.records.values()
+            if r.state in _LIVE
+            and not r.keystone
+            and r.memory_type not in dreams.archive_exempt_types
+            and clocks.now - r.created_at > dreams.archive_age_days * DAY
+            and current_heat(r, policy, clocks) < dreams.archive_heat
+            and r.importance < dreams.archive_importance
+            and r.recall_count < dreams.archive_recalls
+        ]
+        self._write(channel, old)
+        return len(old)
+
+
+def _promoted_type(record: MemoryRecord, dreams: DreamThresholds) -> str | None:
+    if record.memory_type == "working":
+        return "episodic"
+    if (
+        record.memory_type == "episodic"
+        and record.importance >= dreams.semantic_importance
+        and record.recall_count >= dreams.semantic_recalls
+    ):
+        return "semantic"
+    return None
+
+
+def _live(channel: Channel, memory_id: str) -> bool:
+    record = channel.records.get(memory_id)
+    return record is not None and record.state in _LIVE
+
+
+def _close_pairs(
+    snapshot: list[tuple[str, np.ndarray]], least: float
+) -> dict[tuple[str, str], float]:
+    """Pairs of memories whose cosine is at least ``least``, with their cosine."""
+    if len(snapshot) < 2:
+        return {}
+    index = ScratchIndex(snapshot[0][1].shape[0])
+    matrix = np.stack([v for _, v in snapshot])
+    index.add([i for i, _ in snapshot], matrix)
+    pairs: dict[tuple[str, str], float] = {}
+    for (memory_id, _), found in zip(snapshot, index.search(matrix, _NEIGHBOURS), strict=True):
+        for similarity, other in found:
+            if other != memory_id and similarity >= least:
+                pairs[(min(memory_id, other), max(memory_id, other))] = similarity
+    return pairs

@@ -1,0 +1,218 @@
+"""The store pipeline after embedding (DESIGN §4): novelty, type, entities, utility, links.
+
+Pure: it reads the channel's view (never writing to it) plus what earlier items of the
+same batch added, and returns the records and edges to write; the engine commits them
+as one change, and only then does the view take them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calor.models.entities import entity_key, extract_entities
+from calor.models.text import classify_type
+from calor.models.valence import valence
+from calor.server.commands import NewMemory
+from calor.server.ids import new_id
+from calor.server.recall.index import ChannelIndex, ScratchIndex
+from calor.server.records import DELETED, MERGED, MemoryRecord
+from calor.server.thermo.graph import Edge
+from calor.server.thermo.heat import SOURCE_TRUST
+from calor.server.thermo.lifecycle import refresh_utility
+from calor.server.thermo.policy import ChannelPolicy, IngestTuning
+
+__all__ = ["Ingested", "Neighbourhood", "build_records", "novelty_adjustment"]
+
+# Novelty, near-duplicates and entity hubs are channel settings (``ChannelPolicy.ingest``).
+
+# Items of a batch are linked a chunk at a time: exact search over the channel, over the
+# batch's earlier chunks, and within the chunk, never an all-pairs matrix of the batch.
+_CHUNK = 64
+
+
+@dataclass
+class Neighbourhood:
+    """What a channel already holds that a new memory may link to, read-only, and what
+    earlier items of the batch being built added (kept here, apart)."""
+
+    index: ChannelIndex
+    records: Mapping[str, MemoryRecord]
+    entity_members: Mapping[str, list[str]]
+    last_in_session: Mapping[str, tuple[str, float]]
+    added_members: dict[str, list[str]] = field(default_factory=dict)
+    added_last: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def members(self, key: str) -> list[str]:
+        """The memories naming an entity, the batch's own last."""
+        added = self.added_members.get(key)
+        held = self.entity_members.get(key, [])
+        return held if added is None else [*held, *added]
+
+    def last(self, session: str) -> tuple[str, float] | None:
+        """The latest memory of a session stream, the batch's own first; none when that
+        memory was forgotten or merged away (nothing links to those)."""
+        found = self.added_last.get(session) or self.last_in_session.get(session)
+        held = self.records.get(found[0]) if found is not None else None
+        if held is not None and held.state in (DELETED, MERGED):
+            return None
+        return found
+
+    def remember(self, record: MemoryRecord) -> None:
+        """Let later items of the same batch link to this record."""
+        for entity in dict.fromkeys(entity_key(e) for e in record.entities):
+            self.added_members.setdefault(entity, []).append(record.id)
+        if record.session:
+            self.added_last[record.session] = (record.id, record.created_at)
+
+
+@dataclass
+class Ingested:
+    """A record ready to write, with its edges and the older memories it confirms."""
+
+    record: MemoryRecord
+    vector: np.ndarray
+    edges: list[Edge] = field(default_factory=list)
+    confirms: list[str] = field(default_factory=list)
+
+
+def novelty_adjustment(nearest: float, tuning: IngestTuning) -> float:
+    """Importance change for a memory whose closest neighbour has cosine ``nearest``: the
+    near-duplicate penalty, else a bonus that grows linearly from none at the familiar
+    similarity to all of it at the novel one."""
+    if nearest >= tuning.near_duplicate_similarity:
+        return -tuning.near_duplicate_penalty
+    share = (tuning.familiar_similarity - nearest) / (
+        tuning.familiar_similarity - tuning.novel_similarity
+    )
+    return tuning.novelty_bonus * min(1.0, max(0.0, share))
+
+
+def _session(item: NewMemory) -> str:
+    """The session stream an episodic memory joins: its ``session`` tag, or the untagged one
+    (where only memories within the session gap of each other are linked)."""
+    tagged = item.tags.get("session")
+    return "tag:" + tagged if tagged else "time:"
+
+
+def build_records(
+    items: Sequence[NewMemory],
+    vectors: np.ndarray,
+    hood: Neighbourhood,
+    policy: ChannelPolicy,
+    now: float,
+    interactions: int,
+) -> list[Ingested]:
+    """Turn validated items of one channel into records and edges, in order.
+
+    Later items of the batch see earlier ones as neighbours, so a batch links the
+    same way as the same memories stored one by one.
+    """
+    k = max(policy.ingest.novelty_neighbours, policy.semantic_link_max)
+    earlier = ScratchIndex(vectors.shape[1])
+    out: list[Ingested] = []
+    for start in range(0, len(items), _CHUNK):
+        chunk = vectors[start : start + _CHUNK]
+        sims, labels = hood.index.search_many(chunk, k)
+        from_batch = earlier.search(chunk, k)
+        within = chunk @ chunk.T
+        for row in range(chunk.shape[0]):
+            candidates = [
+                (float(s), hood.index.memory_id(int(lab)))
+                for s, lab in zip(sims[row], labels[row], strict=True)
+                if lab >= 0
+            ]
+            candidates += from_batch[row]
+            candidates += [(float(within[row, j]), out[start + j].record.id) for j in range(row)]
+            candidates.sort(key=lambda c: (-c[0], c[1]))
+            position = start + row
+            out.append(
+                _one(
+                    items[position],
+                    chunk[row],
+                    candidates[:k],
+                    hood,
+                    policy,
+                    now,
+                    interactions + position + 1,
+                )
+            )
+            hood.remember(out[-1].record)
+        earlier.add([entry.record.id for entry in out[start:]], chunk)
+    return out
+
+
+def _one(
+    item: NewMemory,
+    vector: np.ndarray,
+    candidates: list[tuple[float, str]],
+    hood: Neighbourhood,
+    policy: ChannelPolicy,
+    now: float,
+    interactions: int,
+) -> Ingested:
+    created = item.created_at if item.created_at is not None else now
+    memory_type = item.memory_type or classify_type(item.text)
+    entities = extract_entities(item.text)
+    nearest = candidates[0][0] if candidates else 0.0
+    provenance = dict(item.provenance)
+    confirms: list[str] = []
+    importance = item.importance
+    if importance is None:
+        importance = policy.default_importance * SOURCE_TRUST[item.source]
+        importance = min(1.0, max(0.0, importance + novelty_adjustment(nearest, policy.ingest)))
+    if nearest >= policy.ingest.near_duplicate_similarity:
+        provenance["near_duplicate_of"] = candidates[0][1]
+        confirms.append(candidates[0][1])
+    record = MemoryRecord(
+        id=new_id(),
+        channel=item.channel,
+        text=item.text,
+        memory_type=memory_type,
+        created_at=created,
+        updated_at=now,
+        heat0=1.0,
+        t0=created,
+        importance=importance,
+        keystone=item.keystone,
+        tags=dict(item.tags),
+        entities=entities,
+        source=item.source,
+        confidence=item.confidence,
+        provenance=provenance,
+        idempotency_key=item.idempotency_key,
+        interactions0=interactions,
+        valence=valence(item.text),
+    )
+    if memory_type == "episodic":
+        record.session = _session(item)
+    refresh_utility(record, now)
+    edges = _links(record, candidates, hood, policy)
+    return Ingested(record, vector, edges, confirms)
+
+
+def _links(
+    record: MemoryRecord,
+    candidates: list[tuple[float, str]],
+    hood: Neighbourhood,
+    policy: ChannelPolicy,
+) -> list[Edge]:
+    edges: dict[tuple[str, str], Edge] = {}
+    for similarity, other in candidates[: policy.semantic_link_max]:
+        if similarity >= policy.semantic_link_threshold:
+            edges[(other, "semantic")] = Edge(record.id, other, "semantic", similarity)
+    for entity in record.entities:
+        members = hood.members(entity_key(entity))
+        if len(members) > policy.ingest.entity_hub:
+            continue  # named in so many memories it tells them apart no more than "the"
+        for other in members[-policy.entity_link_max :]:
+            edges.setdefault((other, "entity"), Edge(record.id, other, "entity", 1.0))
+    if record.session:
+        last = hood.last(record.session)
+        if last is not None:
+            gap = abs(record.created_at - last[1])
+            if record.session.startswith("tag:") or gap <= policy.session_gap_seconds:
+                edges[(last[0], "sequence")] = Edge(record.id, last[0], "sequence", 1.0)
+    return list(edges.values())

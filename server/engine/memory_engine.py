@@ -1,0 +1,425 @@
+"""The memory engine: stores, recalls and tends memories, one lock per channel.
+
+Every method is synchronous and may block (RocksDB, FAISS); the servicers run them
+off the event loop. Writes go to RocksDB first, in one atomic batch, and only then
+to the in-memory views (records, indexes, graph), so what a reader sees has always
+been made durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from calor.server.clock import Clock
+from calor.server.commands import NewMemory, RecallQuery, UpdateChange
+from calor.server.engine.changes import Bookkeeping, changing
+from calor.server.engine.channel import Channel
+from calor.server.engine.dream import Dreamer, DreamReport
+from calor.server.engine.recall_effects import recall_effects
+from calor.server.engine.registry import ChannelRegistry
+from calor.server.engine.results import Current, RecallResult, Stored
+from calor.server.engine.storing import StorePipeline
+from calor.server.errors import InvalidArgumentError, NotFoundError
+from calor.server.events import Cause, EventRecord, memory_event
+from calor.server.recall.ranking import Hit, rank_channel, recall_window
+from calor.server.recall.temporal import TimeWindow
+from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.gates import load_limit
+from calor.server.thermo.graph import Edge
+from calor.server.thermo.lifecycle import (
+    Clocks,
+    apply_boost,
+    apply_keystone,
+    current_heat,
+    evolve,
+    refresh_utility,
+)
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["Current", "MemoryEngine", "RecallResult", "Stored"]
+
+# A change applied to a copy of a record: (record, policy, clocks).
+_Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
+_LIVE = frozenset({ACTIVE, COLD})
+# At most this many warmed neighbours are named in an on_recall event, for the decay
+# scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
+# old crossing comes due.
+_RESONATED_LOGGED = 64
+
+
+class MemoryEngine:
+    """Every channel's memories, backed by a :class:`MemoryStore`."""
+
+    def __init__(self, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> None:
+        self._store = store
+        self._clock = clock
+        self.channels = ChannelRegistry(store, clock, policy)
+        """Every channel's live view, and the reads over them (listing, status, ...)."""
+        self._dreamer = Dreamer(store)
+        self._storing = StorePipeline(self.channels, store, clock)
+        self.background: Callable[[Callable[[], object]], object] = lambda work: work()
+
+    @classmethod
+    def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
+        """An engine whose views are rebuilt from everything ``store`` holds."""
+        engine = cls(store, clock, policy)
+        engine.channels.rebuild()
+        return engine
+
+    # --- store -----------------------------------------------------------------
+
+    def store(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Stored]:
+        """Store memories (with their embeddings, one row each) in one atomic batch."""
+        return self._storing.store(items, vectors)
+
+    # --- recall ----------------------------------------------------------------
+
+    def recall(
+        self, query: RecallQuery, query_vector: np.ndarray, overloaded: bool = False
+    ) -> RecallResult:
+        """Rank the memories of the caller's channel (and any it names) for a query.
+
+        Unless ``peek``, the returned memories of the caller's own channel are
+        recalled (heat bumped, stability multiplied, count raised), their heat
+        resonates to their neighbours, and the channel heats up; all made durable.
+        A channel never written to is read as an empty one and stays unwritten.
+        """
+        now = self._clock.now()
+        window = recall_window(query, now)
+        policy = self.channels.policy(query.channel)
+        limit = load_limit(policy, query.limit, overloaded)
+        hits: list[Hit] = []
+        own = self.channels.find(query.channel)
+        if own is None:
+            if not query.peek:
+                ChannelState().check_ceiling(policy, now)
+        else:
+            with own.lock:
+                if not query.peek:
+                    own.state.check_ceiling(policy, now)
+                self._migrate_due(own)
+                hits.extend(self._rank(own, query, query_vector, window, mine=True))
+        for name in query.channels:
+            other = self.channels.find(name)
+            if other is not None:
+                with other.lock:
+                    hits.extend(self._rank(other, query, query_vector, window, mine=False))
+        hits.sort(key=lambda h: (-h.score, h.record.id))
+        hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
+        if not query.peek and own is not None:
+            with own.lock:
+                self._recalled(own, [h for h in hits if h.record.channel == own.name])
+        memories = [self._current(h.record) for h in hits]
+        return RecallResult(hits, window, memories)
+
+    def _current(self, record: MemoryRecord) -> Current:
+        """A memory of a hit as it stands now."""
+        view = self.channels.find(record.channel)
+        assert view is not None  # a hit comes from a channel that exists
+        return view.current(record)
+
+    def _rank(
+        self,
+        channel: Channel,
+        query: RecallQuery,
+        vector: np.ndarray,
+        window: TimeWindow | None,
+        mine: bool,
+    ) -> list[Hit]:
+        policy, clocks = channel.policy, channel.clocks()
+        indexes = (channel.index, channel.attic) if query.include_archived else (channel.index,)
+        rank = rank_channel  # over the live index, and the attic when asked
+        return [
+            h
+            for i in indexes
+            for h in rank(i, channel.records, policy, query, vector, window, clocks, mine)
+        ]
+
+    def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
+        """Bump the recalled memories, spread their heat, warm the channel; one batch."""
+        policy = channel.policy
+        clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
+        effects = recall_effects(channel, [h.record.id for h in hits], policy, clocks)
+        with changing(self._store, channel) as change:
+            for record in effects.changed.values():
+                change.put(record)
+            warm = sorted(set(effects.changed) - set(effects.recalled))
+            warmed = ",".join(warm[:_RESONATED_LOGGED])
+            for memory_id in effects.recalled:
+                record = effects.changed[memory_id]
+                change.log(
+                    memory_event("on_recall", record, clocks.now, record.heat0, resonated=warmed)
+                )
+            change.set_state(effects.state)
+        for hit in hits:
+            if hit.record.id in effects.changed:
+                hit.record = replace(effects.changed[hit.record.id])
+
+    def _migrate_due(self, channel: Channel) -> None:
+        """Persist the state changes whose moment has come (COLD, cold storage, ghosts),
+        and count a consolidation sweep when enough memories turned cold."""
+        policy = channel.policy
+        clocks = channel.clocks()
+        due = channel.due_transitions()
+        if not due:
+            return
+        sweep = channel.cold_since_sweep >= policy.cold_count_trigger
+        state = replace(channel.state, sweeps=channel.state.sweeps + 1) if sweep else None
+        with changing(self._store, channel) as change:
+            for record in due:
+                change.put(record)
+                if record.state == COLD and channel.records[record.id].state == ACTIVE:
+                    heat = current_heat(record, policy, clocks)
+                    change.log(
+                        memory_event(
+                            "on_decay",
+                            record,
+                            clocks.now,
+                            heat,
+                            threshold=repr(policy.cold_threshold),
+                        )
+                    )
+            if state is not None:
+                change.set_state(state)
+        if state is not None:
+            # The consolidation sweep: the cold memories' heat and states are now
+            # materialised and due migrations done (above); a dream over the cold
+            # memories follows, off this call (DESIGN §6).
+            channel.cold_since_sweep = 0
+            name = channel.name
+            self.background(lambda: self.dream(name, cold_only=True))
+
+    # --- reads -----------------------------------------------------------------
+
+    def _get(self, channel: Channel, memory_id: str) -> MemoryRecord:
+        record = channel.records.get(memory_id)
+        if record is None:
+            raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
+        return record
+
+    def inspect(self, channel: str, memory_id: str) -> tuple[Current, list[Edge]]:
+        """One memory of a channel as it stands (tombstones included) and its edges."""
+        live = self.channels.existing(channel, memory_id)
+        with live.lock:
+            return live.current(self._get(live, memory_id)), live.graph.edges(memory_id)
+
+    def log(self, *events: EventRecord, extra: Bookkeeping = ()) -> None:
+        """Append events that change no memory (notifications, webhook outcomes).
+
+        ``extra`` adds the caller's own writes (a trigger's cursor and bookkeeping) to
+        the same atomic batch, so both are durable or neither is.
+        """
+        with changing(self._store, None) as change:
+            change.log(*events)
+            change.keep(extra)
+
+    # --- changes ---------------------------------------------------------------
+
+    def _change(
+        self,
+        channel: str,
+        memory_ids: Sequence[str],
+        edit: _Edit,
+        event: str = "",
+        cause: Cause | None = None,
+        extra: Bookkeeping = (),
+    ) -> list[Current]:
+        """Apply ``edit`` to each memory (one channel), in one batch with ``extra``."""
+        if not memory_ids:
+            self.log(extra=extra)
+            return []
+        live = self.channels.existing(channel, memory_ids[0])
+        with live.lock:
+            policy, clocks = live.policy, live.clocks()
+            changes: list[MemoryRecord] = []
+            for memory_id in dict.fromkeys(memory_ids):
+                current = self._get(live, memory_id)
+                if current.state == DELETED:
+                    raise NotFoundError(f"memory {memory_id} was forgotten")
+                changed = evolve(replace(current), policy, clocks)
+                edit(changed, policy, clocks)
+                refresh_utility(changed, clocks.now)
+                changes.append(changed)
+            with changing(self._store, live) as change:
+                for changed in changes:
+                    change.put(changed)
+                    if event:
+                        heat = current_heat(changed, policy, clocks)
+                        change.log(memory_event(event, changed, clocks.now, heat, cause=cause))
+                change.keep(extra)
+            return [live.current(changed, clocks) for changed in changes]
+
+    # A trigger's action passes ``cause`` and, as ``extra``, its cursor and bookkeeping
+    # writes: they join the action's own batch, so after a crash the action is either
+    # done and accounted for or not done at all.
+
+    def keystone(
+        self,
+        channel: str,
+        memory_id: str,
+        on: bool,
+        cause: Cause | None = None,
+        extra: Bookkeeping = (),
+    ) -> Current:
+        """Pin (keystone) or unpin a memory; a trigger's pin is logged as a ``pin`` event."""
+        [changed] = self._change(
+            channel,
+            [memory_id],
+            lambda r, p, c: apply_keystone(r, p, c, on),
+            "pin" if cause is not None else "",
+            cause,
+            extra,
+        )
+        return changed
+
+    def boost(
+        self,
+        channel: str,
+        memory_id: str,
+        delta: float,
+        cause: Cause | None = None,
+        extra: Bookkeeping = (),
+    ) -> Current:
+        """Add heat to a memory; 0 means the channel's ``boost_delta``."""
+        [changed] = self.boost_all(channel, [memory_id], delta, cause, extra)
+        return changed
+
+    def boost_all(
+        self,
+        channel: str,
+        memory_ids: Sequence[str],
+        delta: float,
+        cause: Cause | None = None,
+        extra: Bookkeeping = (),
+    ) -> list[Current]:
+        """Add heat to several memories of a channel in one batch (a trigger's boost of
+        a memory's neighbours); none is boosted if one cannot be."""
+        return self._change(
+            channel,
+            memory_ids,
+            lambda r, p, c: apply_boost(r, p, c, delta or p.boost_delta),
+            "on_boost",
+            cause,
+            extra,
+        )
+
+    def tag(
+        self,
+        channel: str,
+        memory_id: str,
+        tags: dict[str, str],
+        cause: Cause | None = None,
+        extra: Bookkeeping = (),
+    ) -> Current:
+        """Add tags to a memory (a trigger's ``tag`` action)."""
+
+        def add(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
+            record.tags = {**record.tags, **tags}
+
+        kind = "tag" if cause is not None else ""
+        [changed] = self._change(channel, [memory_id], add, kind, cause, extra)
+        return changed
+
+    def deprecate(
+        self,
+        channel: str,
+        memory_id: str,
+        cause: Cause | None = None,
+        extra: Bookkeeping = (),
+    ) -> Current:
+        """Mark a memory superseded (a trigger's ``deprecate`` action)."""
+
+        def mark(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
+            record.tags = {**record.tags, "deprecated": "true"}
+
+        [changed] = self._change(channel, [memory_id], mark, "deprecate", cause, extra)
+        return changed
+
+    def connect(self, channel: str, from_id: str, to_id: str, weight: float) -> Edge:
+        """Link two memories of a channel by hand (a ``manual`` edge)."""
+        if from_id == to_id:
+            raise InvalidArgumentError("to_id: a memory cannot be linked to itself")
+        live = self.channels.existing(channel, from_id)
+        with live.lock:
+            for memory_id in (from_id, to_id):
+                if self._get(live, memory_id).state == DELETED:
+                    raise NotFoundError(f"memory {memory_id} was forgotten")
+            with changing(self._store, live) as change:
+                edge = change.link(from_id, to_id, "manual", weight)
+            return edge
+
+    def update(self, change: UpdateChange, vector: np.ndarray | None) -> Current:
+        """Correct a memory; a new text comes with its new embedding."""
+        live = self.channels.existing(change.channel, change.memory_id)
+        with live.lock:
+            policy, clocks = live.policy, live.clocks()
+            current = self._get(live, change.memory_id)
+            if current.state == DELETED:
+                raise NotFoundError(f"memory {change.memory_id} was forgotten")
+            older = None
+            if change.supersedes:
+                if change.supersedes == change.memory_id:
+                    raise InvalidArgumentError("supersedes: a memory cannot supersede itself")
+                older = replace(self._get(live, change.supersedes))
+                older.tags = {**older.tags, "deprecated": "true", "superseded_by": current.id}
+                older.updated_at = clocks.now
+            changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
+            change.apply(changed, clocks.now)
+            refresh_utility(changed, clocks.now)
+            with changing(self._store, live) as writing:
+                if older is not None:
+                    writing.put(older)
+                writing.put(changed, vector)
+                if change.text is not None:  # a corrected text settles its conflicts
+                    writing.settle_all(changed.id)
+            return live.current(changed, clocks)
+
+    def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
+        """Forget memories: each becomes a tombstone without text, embedding or edges."""
+        live = self.channels.find(channel)
+        if live is None:
+            return 0
+        with live.lock:
+            now = self._clock.now()
+            gone: list[MemoryRecord] = []
+            for memory_id in dict.fromkeys(memory_ids):
+                record = live.records.get(memory_id)
+                if record is None or record.state == DELETED:
+                    continue
+                gone.append(record)
+            if not gone:
+                return 0  # nothing to forget: write nothing
+            with changing(self._store, live) as change:
+                for record in gone:
+                    change.forget(record, now)
+            return len(gone)
+
+    # --- dreams ----------------------------------------------------------------
+
+    def dream(self, channel: str, cold_only: bool = False) -> DreamReport:
+        """Consolidate a channel now (one dream per channel at a time).
+
+        A channel never written to has nothing to consolidate: its report is all
+        zeros, and nothing is written (no channel record, no dream event).
+        """
+        live = self.channels.find(channel)
+        if live is None:
+            return DreamReport()
+        with live.dream_lock:
+            return self._dreamer.dream(live, cold_only)
+
+    def offer(self, channel: str, entropy: int) -> tuple[int, DreamReport | None]:
+        """Add offered bytes to the channel's entropy; dream when it crosses the threshold.
+
+        Offering nothing to a channel never written to leaves it unwritten (accumulated 0).
+        """
+        live = self.channels.channel(channel) if entropy else self.channels.find(channel)
+        if live is None:
+            return 0, None
+        accumulated, crossed = self._dreamer.add_entropy(live, entropy)
+        return accumulated, self.dream(channel) if crossed else None

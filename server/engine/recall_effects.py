@@ -1,0 +1,80 @@
+"""What a recall does to a channel (DESIGN §3): bumps, resonance along the graph, channel heat.
+
+Computed on copies, without writing: the engine persists the outcome in one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from calor.server.engine.channel import Channel
+from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.graph import Reach, resonance
+from calor.server.thermo.lifecycle import (
+    Clocks,
+    apply_gain,
+    apply_recall,
+    current_heat,
+    evolve,
+    refresh_utility,
+)
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["RecallEffects", "recall_effects"]
+
+_LIVE = frozenset({ACTIVE, COLD})
+_NEAR_CAP = 1.0 - 1e-4
+
+
+@dataclass(frozen=True)
+class RecallEffects:
+    """The records a recall changed (recalled and resonating), and the channel's next state."""
+
+    recalled: list[str]
+    changed: dict[str, MemoryRecord]
+    state: ChannelState
+
+
+def recall_effects(
+    channel: Channel, memory_ids: list[str], policy: ChannelPolicy, clocks: Clocks
+) -> RecallEffects:
+    """Recall the given memories of a channel as of ``clocks``."""
+    changed: dict[str, MemoryRecord] = {}
+    for memory_id in memory_ids:
+        live = channel.records.get(memory_id)
+        if live is None:
+            continue
+        record = evolve(live.copy(), policy, clocks)
+        apply_recall(record, policy, clocks)
+        refresh_utility(record, clocks.now)
+        changed[record.id] = record
+
+    reached: dict[str, Reach | None] = {}
+
+    def reach(memory_id: str) -> Reach | None:
+        if memory_id not in reached:  # many sources share neighbours: judge each once
+            reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
+        return reached[memory_id]
+
+    recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
+    for memory_id, gain in resonance(channel.graph, recalled, reach, policy).items():
+        record = evolve(channel.records[memory_id].copy(), policy, clocks)
+        if record.state in _LIVE and current_heat(record, policy, clocks) >= _NEAR_CAP:
+            continue  # already at the cap: the gain would change nothing worth a write
+        apply_gain(record, policy, clocks, gain)
+        changed[memory_id] = record
+    state = replace(channel.state, interactions=clocks.interactions)
+    state.recalled(policy, clocks.now)
+    return RecallEffects(list(recalled), changed, state)
+
+
+def _reach(record: MemoryRecord | None, policy: ChannelPolicy, clocks: Clocks) -> Reach | None:
+    if record is None:
+        return None
+    record = evolve(record, policy, clocks)
+    if record.state == ARCHIVED:
+        return Reach(current_heat(record, policy, clocks), archived=True)
+    if record.state not in _LIVE:
+        return None
+    return Reach(current_heat(record, policy, clocks))

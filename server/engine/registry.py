@@ -1,0 +1,195 @@
+"""The channels a server holds: their live views and policies, the rebuild from RocksDB, and
+read-only queries over the views."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from calor.server.clock import Clock
+from calor.server.commands import ListQuery
+from calor.server.engine.changes import Changes, changing, commit
+from calor.server.engine.channel import Channel, conflict_pair
+from calor.server.engine.results import ChannelStatus, Current
+from calor.server.errors import NotFoundError
+from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.lifecycle import crossing_at, current_heat
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["ChannelRegistry"]
+
+
+class ChannelRegistry:
+    """Every channel's live view; channels come into being on first write."""
+
+    def __init__(self, store: MemoryStore, clock: Clock, default_policy: ChannelPolicy) -> None:
+        self._store = store
+        self._clock = clock
+        self._default_policy = default_policy
+        self._channels: dict[str, Channel] = {}
+        self._lock = threading.Lock()
+
+    def rebuild(self) -> None:
+        """Load policies, channel states, records, edges, conflicts and embeddings."""
+        for name, data in self._store.policies():
+            self.channel(name).policy = ChannelPolicy.from_json(data)
+        for name, data in self._store.channel_states():
+            self.channel(name).state = ChannelState.from_json(data)
+        for record in self._store.records():
+            self.channel(record.channel).remember(record)
+        for name, a, b, kind, weight in self._store.edges():
+            self.channel(name).graph.add(a, b, kind, weight)
+        for name, a, b, reason in self._store.conflicts():
+            self.channel(name).conflicts[conflict_pair(a, b)] = reason
+        pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
+        orphans: dict[str, Changes] = {}
+        for name, memory_id, vector in self._store.vectors():
+            owner = self._channels.get(name)
+            known = owner.records.get(memory_id) if owner is not None else None
+            if known is not None:
+                pending.setdefault(name, []).append((known, vector))
+            else:  # written ahead by a bulk store whose records never were
+                orphans.setdefault(name, Changes(name)).drop_vector(memory_id)
+        commit(self._store, list(orphans.values()))
+        for name, entries in pending.items():
+            self._channels[name].index_all(entries)
+
+    def channel(self, name: str) -> Channel:
+        """A channel's view, made empty if it does not exist yet: for writes only, which
+        then make it durable. Reads use :meth:`find`, so a read never creates a channel."""
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = Channel(name, self._store.dim, self._default_policy, self._clock)
+                self._channels[name] = channel
+            return channel
+
+    def find(self, name: str) -> Channel | None:
+        """A channel's view, if the channel exists."""
+        return self._channels.get(name)
+
+    def existing(self, name: str, memory_id: str) -> Channel:
+        """The view of a channel that must hold ``memory_id``; NOT_FOUND if it does not exist."""
+        channel = self._channels.get(name)
+        if channel is None:
+            raise NotFoundError(f"no memory {memory_id} in channel {name!r}")
+        return channel
+
+    def policy(self, name: str) -> ChannelPolicy:
+        """The policy in force in a channel."""
+        channel = self._channels.get(name)
+        return channel.policy if channel is not None else self._default_policy
+
+    def set_policy(self, name: str, policy: ChannelPolicy) -> ChannelPolicy:
+        """Make ``policy`` the channel's own from now on (durably); every read uses it."""
+        channel = self.channel(name)
+        with channel.lock, changing(self._store, channel) as change:
+            change.set_policy(policy)
+        return policy
+
+    def list_page(self, query: ListQuery) -> tuple[list[Current], str]:
+        """A page of memories in id order, and the id to resume after ('' at the end)."""
+        channel = self.find(query.channel)
+        if channel is None:
+            return [], ""
+        page: list[Current] = []
+        with channel.lock:
+            clocks = channel.clocks()
+            for memory_id in channel.ids_after(query.after_id):
+                record = channel.evolved(channel.records[memory_id], clocks)
+                if not query.matches(record):
+                    continue
+                if len(page) == query.page_size:
+                    return page, page[-1].record.id
+                page.append(channel.current(record, clocks))
+        return page, ""
+
+    def status(self, channel: str) -> ChannelStatus:
+        """How many memories a channel holds, by state and by type, and its heat."""
+        live = self.find(channel)
+        if live is None:
+            return ChannelStatus(0, {}, {}, 0.0)
+        with live.lock:
+            clocks = live.clocks()
+            evolved = [live.evolved(r, clocks) for r in live.records.values()]
+            heat = live.state.heat(live.policy, clocks.now)
+            sweeps, interactions = live.state.sweeps, live.state.interactions
+        states = Counter(r.state for r in evolved)
+        types = Counter(r.memory_type for r in evolved if r.state != DELETED)
+        total = sum(count for state, count in states.items() if state != DELETED)
+        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
+
+    def decay_crossing(
+        self, channel: str, memory_id: str, threshold: float | None
+    ) -> tuple[float, float, float] | None:
+        """When a memory's heat will cross below ``threshold`` (default: the cold threshold).
+
+        Returns (moment, t0 of the heat trajectory, heat now), or None when no crossing
+        lies ahead on the wall clock.
+        """
+        live = self.find(channel)
+        if live is None:
+            return None
+        with live.lock:
+            record = live.records.get(memory_id)
+            if record is None:
+                return None
+            clocks = live.clocks()
+            record = live.evolved(record, clocks)
+            level = live.policy.cold_threshold if threshold is None else threshold
+            moment = crossing_at(record, live.policy, level)
+            if moment is None:
+                return None
+            return moment, record.t0, current_heat(record, live.policy, clocks)
+
+    def memory_ids(self, channel: str) -> list[str]:
+        """Every memory id of a channel (tombstones included), in id order."""
+        live = self.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return list(live.ids_after(""))
+
+    def neighbours(self, channel: str, memory_id: str) -> list[str]:
+        """The memories linked to one memory."""
+        live = self.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return sorted(live.graph.neighbours(memory_id))
+
+    def matching(self, query: ListQuery) -> list[str]:
+        """The ids of every memory a listing filter matches, across all its pages."""
+        ids: list[str] = []
+        page_query = replace(query, page_size=1000)
+        while True:
+            page, after = self.list_page(page_query)
+            ids.extend(c.record.id for c in page)
+            if not after:
+                return ids
+            page_query = replace(page_query, after_id=after)
+
+    def find_idempotent(self, channel: str, key: str) -> Current | None:
+        """The memory an earlier store with this idempotency key made, if any."""
+        if not key:
+            return None
+        memory_id = self._store.idempotent_id(channel, key)
+        live = self.find(channel)
+        if memory_id is None or live is None:
+            return None
+        with live.lock:
+            record = live.records.get(memory_id)
+            return None if record is None else live.current(record)
+
+    def conflicts(self, channel: str) -> list[tuple[str, str, str]]:
+        """The channel's open conflicts as (a, b, reason)."""
+        live = self.find(channel)
+        if live is None:
+            return []
+        with live.lock:
+            return [(a, b, reason) for (a, b), reason in sorted(live.conflicts.items())]

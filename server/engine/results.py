@@ -1,0 +1,65 @@
+"""What the engine's operations answer: stored memories, ranked hits, channel counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from calor.server.engine.ingest import Ingested
+from calor.server.recall.ranking import Hit
+from calor.server.recall.temporal import TimeWindow
+from calor.server.records import MemoryRecord
+from calor.server.thermo.channel_state import ChannelState
+
+__all__ = ["ChannelStatus", "Current", "Prepared", "RecallResult", "Stored"]
+
+
+@dataclass(frozen=True)
+class Current:
+    """A memory as it stands at the moment of reply: its evolved record (a copy) and
+    its heat then."""
+
+    record: MemoryRecord
+    heat: float
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A channel's part of a store batch: new records, its next state, confirmed elders,
+    and the moment it was made."""
+
+    ingested: list[Ingested]
+    state: ChannelState
+    confirmed: list[MemoryRecord]
+    at: float
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The outcome of one store: the memory as it stands, its heat, and whether this call
+    created it."""
+
+    record: MemoryRecord
+    created: bool
+    heat: float = 1.0
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    """Ranked hits, the time window the query named (if any), and each hit's memory as
+    it stands after the recall."""
+
+    hits: list[Hit]
+    window: TimeWindow | None
+    memories: list[Current] = field(default_factory=list)  # each hit's memory, as it stands
+
+
+@dataclass(frozen=True)
+class ChannelStatus:
+    """Counts of a channel's memories by state and type, and its heat."""
+
+    total: int
+    by_state: dict[str, int]
+    by_type: dict[str, int]
+    channel_heat: float
+    sweeps: int = 0
+    interactions: int = 0

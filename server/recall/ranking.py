@@ -1,0 +1,181 @@
+"""Recall ranking: candidates from meaning and words, scored by similarity, heat and time.
+
+score = w_sim·(similarity + w_lex·lexical) + w_heat·heat + w_kw·keyword_overlap
+        + temporal_boost (≤ w_temporal, fading over the fade days)
+        + w_own if the memory is in the caller's own channel
+        + w_source·source_trust
+
+``similarity`` is the cosine; ``lexical`` is the memory's BM25 score as a fraction of
+the best any memory could reach for the query. bench/README.md says what each adds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+
+from calor.server.commands import RecallQuery
+from calor.server.recall.index import ChannelIndex
+from calor.server.recall.lexical import tokenize
+from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
+from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
+from calor.server.thermo.gates import fidelity_admits
+from calor.server.thermo.heat import SOURCE_TRUST
+from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
+from calor.server.thermo.policy import ChannelPolicy, ConfidenceBands
+
+__all__ = ["Hit", "band", "candidate_pool", "rank_channel", "recall_window"]
+
+_SEARCHABLE = frozenset({ACTIVE, COLD})
+_ARCHIVE_TOO = frozenset({ACTIVE, COLD, ARCHIVED})
+# "What did you recommend?", "in our previous chat": the answer is in the agent's own
+# words, so for such a query the agent's memories get the trust a person's would.
+_ASKS_FOR_AGENT_WORDS = re.compile(
+    r"\byou(?:'d)?\s+(?:\w+\s+)?(?:told|said|mentioned|recommended|suggested|gave|provided"
+    r"|listed|shared|explained|described|wrote|showed|offered|proposed|named|made|included)\b"
+    r"|\b(?:our|the)\s+(?:previous|last|earlier)\s+(?:chat|conversation|discussion|talk)\b"
+    r"|\bwe\s+(?:talked|spoke|chatted)\s+about\b|\bwe\s+discussed\b",
+    re.IGNORECASE,
+)
+_AGENT_FIRST = {**SOURCE_TRUST, "human": SOURCE_TRUST["agent"], "agent": SOURCE_TRUST["human"]}
+
+
+@dataclass
+class Hit:
+    """One ranked memory, the parts of its score, and its confidence band (:func:`band`)."""
+
+    record: MemoryRecord
+    score: float
+    similarity: float
+    keyword: float
+    temporal: float
+    heat: float
+    channel_bonus: float
+    lexical: float = 0.0
+    source: float = 0.0
+    band: str = "low"
+
+
+def band(similarity: float, keyword: float, bands: ConfidenceBands) -> str:
+    """A stable confidence band from the evidence of relevance alone (not heat or time).
+
+    ``high`` when the meaning is close; ``mid`` when it is near, or when moderate
+    meaning is backed by most of the query's words; ``low`` otherwise. Where each starts
+    is the channel's setting (``bands``).
+    """
+    if similarity >= bands.high:
+        return "high"
+    if similarity >= bands.mid or (
+        similarity >= bands.keyword_similarity and keyword >= bands.keyword_overlap
+    ):
+        return "mid"
+    return "low"
+
+
+def recall_window(query: RecallQuery, now: float) -> TimeWindow | None:
+    """The window recall boosts: the explicit range if given, else one the query names."""
+    if query.time_from is not None or query.time_to is not None:
+        start = datetime.fromtimestamp(query.time_from or 0.0, UTC)
+        end = datetime.fromtimestamp(query.time_to if query.time_to is not None else now, UTC)
+        return TimeWindow(start=start, end=end, phrase="")
+    as_of = query.as_of if query.as_of is not None else now
+    return detect_window(query.query, datetime.fromtimestamp(as_of, UTC))
+
+
+def candidate_pool(query: RecallQuery) -> int:
+    """How many candidates each index contributes: generous, more so under filters."""
+    filtered = bool(query.memory_types or query.states or query.tags or query.min_heat)
+    return max(query.limit * 4, 1000 if filtered else 100)
+
+
+def _passes(record: MemoryRecord, heat: float, query: RecallQuery, policy: ChannelPolicy) -> bool:
+    allowed = query.states or (_ARCHIVE_TOO if query.include_archived else _SEARCHABLE)
+    if record.state not in allowed or record.state not in _ARCHIVE_TOO:
+        return False
+    if query.memory_types and record.memory_type not in query.memory_types:
+        return False
+    if heat < query.min_heat:
+        return False
+    if not fidelity_admits(policy, heat):
+        return False
+    return all(record.tags.get(key) == value for key, value in query.tags)
+
+
+def rank_channel(
+    index: ChannelIndex,
+    records: Mapping[str, MemoryRecord],
+    policy: ChannelPolicy,
+    query: RecallQuery,
+    query_vector: np.ndarray,
+    window: TimeWindow | None,
+    clocks: Clocks,
+    own: bool,
+) -> list[Hit]:
+    """Score one index's candidates for the query; unsorted, filters applied.
+
+    Each hit carries the record as it stands now (promotions and state changes
+    applied, not yet persisted).
+    """
+    pool = candidate_pool(query)
+    similarity, lexical = _candidates(index, query.query, query_vector, pool)
+    terms = tokenize(query.query)
+    weights = policy.weights
+    trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
+    bonus = weights.own_channel if own else 0.0
+    hits: list[Hit] = []
+    for label, sim in similarity.items():
+        words = lexical[label]
+        record = evolve(records[index.memory_id(label)], policy, clocks)
+        heat = current_heat(record, policy, clocks)
+        if not _passes(record, heat, query, policy):
+            continue
+        keyword = index.lexical.overlap(terms, label)
+        boost = 0.0
+        if window is not None:
+            boost = temporal_boost(
+                datetime.fromtimestamp(record.created_at, UTC),
+                window,
+                weights.temporal,
+                weights.temporal_fade_days,
+            )
+        relevance = sim + weights.lexical * words
+        trust = weights.source * trust_of.get(record.source, SOURCE_TRUST["agent"])
+        score = (
+            weights.similarity * relevance
+            + weights.heat * heat
+            + weights.keyword * keyword
+            + boost
+            + bonus
+            + trust
+        )
+        confidence = band(sim, keyword, policy.bands)
+        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus, words, trust, confidence))
+    return hits
+
+
+def _candidates(
+    index: ChannelIndex, text: str, query_vector: np.ndarray, pool: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The union of the ``pool`` nearest memories by meaning and by words, with each
+    candidate's cosine and how fully it matches the query's words: its BM25 score as a
+    fraction of the best score any document could reach for this query."""
+    labels, sims = index.dense(query_vector, pool)
+    similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
+    by_words = index.lexical.search(text, pool)
+    bm25 = dict(by_words)
+    ceiling = index.lexical.best_possible(text) if by_words else 0.0
+    lexical_only = [label for label in bm25 if label not in similarity]
+    if lexical_only:
+        extra = index.similarities(query_vector, lexical_only)
+        similarity.update(zip(lexical_only, extra.tolist(), strict=True))
+    dense_only = [label for label in similarity if label not in bm25]
+    if dense_only and by_words:
+        bm25.update(index.lexical.score_docs(text, dense_only))
+    lexical = {
+        label: (bm25.get(label, 0.0) / ceiling if ceiling > 0 else 0.0) for label in similarity
+    }
+    return similarity, lexical
