@@ -145,6 +145,8 @@ class Channel:
         """Apply a change list that is durable already to the view."""
         for op in change.ops:  # the channel's clocks first: indexing reads them
             if isinstance(op, SetState):
+                if op.state.sweeps > self.state.sweeps:
+                    self.cold_since_sweep = 0  # a sweep was counted: cold ones count anew
                 self.state = op.state
         new: list[tuple[MemoryRecord, np.ndarray]] = []  # indexed together, at the end
         for op in change.ops:

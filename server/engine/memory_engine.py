@@ -190,7 +190,6 @@ class MemoryEngine:
             # The consolidation sweep: the cold memories' heat and states are now
             # materialised and due migrations done (above); a dream over the cold
             # memories follows, off this call (DESIGN §6).
-            channel.cold_since_sweep = 0
             name = channel.name
             self.background(lambda: self.dream(name, cold_only=True))
 

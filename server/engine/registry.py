@@ -12,10 +12,11 @@ import numpy as np
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery
 from calor.server.engine.changes import Changes, changing, commit
-from calor.server.engine.channel import Channel, conflict_pair
+from calor.server.engine.channel import Channel
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.errors import NotFoundError
 from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.ops import ChangeList, Link, OpenConflict, Operation, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.lifecycle import crossing_at, current_heat
@@ -36,16 +37,26 @@ class ChannelRegistry:
 
     def rebuild(self) -> None:
         """Load policies, channel states, records, edges, conflicts and embeddings."""
+        said: dict[str, ChangeList] = {}  # what the store holds, said as operations
+
+        def say(name: str, op: Operation) -> None:
+            said.setdefault(name, ChangeList(name)).ops.append(op)
+
         for name, data in self._store.policies():
-            self.channel(name).policy = ChannelPolicy.from_json(data)
+            say(name, SetPolicy(ChannelPolicy.from_json(data)))
         for name, data in self._store.channel_states():
-            self.channel(name).state = ChannelState.from_json(data)
+            say(name, SetState(ChannelState.from_json(data)))
+        for name, change in said.items():
+            self.channel(name).apply(change)
+        said.clear()
         for record in self._store.records():
             self.channel(record.channel).remember(record)
         for name, a, b, kind, weight in self._store.edges():
-            self.channel(name).graph.add(a, b, kind, weight)
+            say(name, Link(a, b, kind, weight))
         for name, a, b, reason in self._store.conflicts():
-            self.channel(name).conflicts[conflict_pair(a, b)] = reason
+            say(name, OpenConflict(a, b, reason))
+        for name, change in said.items():
+            self.channel(name).apply(change)
         pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
         orphans: dict[str, Changes] = {}
         for name, memory_id, vector in self._store.vectors():
