@@ -44,10 +44,11 @@ def test_channel_state_asks_the_gate_with_its_heat_now() -> None:
 
 def test_the_load_gate_reduces_the_limit_only_under_critical_load() -> None:
     on = ChannelPolicy(gate_load=True, load_reduced_limit=3)
-    assert load_limit(on, 10, overloaded=True) == 3
-    assert load_limit(on, 2, overloaded=True) == 2
-    assert load_limit(on, 10, overloaded=False) == 10
-    assert load_limit(ChannelPolicy(load_reduced_limit=3), 10, overloaded=True) == 10
+    critical = on.load_inflight_critical
+    assert load_limit(on, 10, inflight=critical) == 3
+    assert load_limit(on, 2, inflight=critical + 5) == 2
+    assert load_limit(on, 10, inflight=critical - 1) == 10
+    assert load_limit(ChannelPolicy(load_reduced_limit=3), 10, inflight=critical) == 10
 
 
 def test_active_gates_are_named_in_a_fixed_order() -> None:

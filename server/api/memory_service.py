@@ -109,9 +109,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
         query = self._rt.validator.recall(request)
         vector = await self._rt.embeddings.query(query.query)
-        critical = self._rt.engine.channels.policy(query.channel).load_inflight_critical
-        overloaded = self._rt.inflight + 1 >= critical  # counting this call
-        result = await self._rt.run(self._rt.engine.recall, query, vector, overloaded)
+        inflight = self._rt.inflight + 1  # counting this call
+        result = await self._rt.run(self._rt.engine.recall, query, vector, inflight)
         reply = pb.RecallResponse(
             hits=[
                 hit_message(hit, self._memory(now))

@@ -80,7 +80,7 @@ class MemoryEngine:
     # --- recall ----------------------------------------------------------------
 
     def recall(
-        self, query: RecallQuery, query_vector: np.ndarray, overloaded: bool = False
+        self, query: RecallQuery, query_vector: np.ndarray, inflight: int = 1
     ) -> RecallResult:
         """Rank the memories of the caller's channel (and any it names) for a query.
 
@@ -88,11 +88,13 @@ class MemoryEngine:
         recalled (heat bumped, stability multiplied, count raised), their heat
         resonates to their neighbours, and the channel heats up; all made durable.
         A channel never written to is read as an empty one and stays unwritten.
+        ``inflight`` counts the calls the server is serving, this one included (the
+        load gate reads it).
         """
         now = self._clock.now()
         window = recall_window(query, now)
         policy = self.channels.policy(query.channel)
-        limit = load_limit(policy, query.limit, overloaded)
+        limit = load_limit(policy, query.limit, inflight)
         hits: list[Hit] = []
         own = self.channels.find(query.channel)
         if own is None:

@@ -48,10 +48,10 @@ def ceiling_check(policy: ChannelPolicy, channel_heat: float) -> None:
     )
 
 
-def load_limit(policy: ChannelPolicy, limit: int, overloaded: bool) -> int:
-    """The most hits a recall may return: ``limit``, reduced under critical load when the
-    load gate is on."""
-    if overloaded and policy.gate_load:
+def load_limit(policy: ChannelPolicy, limit: int, inflight: int) -> int:
+    """The most hits a recall may return with ``inflight`` calls in flight (this one
+    counted): ``limit``, reduced under critical load when the load gate is on."""
+    if policy.gate_load and inflight >= policy.load_inflight_critical:
         return min(limit, policy.load_reduced_limit)
     return limit
 
