@@ -66,6 +66,7 @@ def test_every_service_is_declared() -> None:
         "Feedback",
         "Export",
         "Import",
+        "Tune",
     } == set(services["MemoryService"])
     assert set(services["TriggerService"]) == {
         "CreateTrigger",

@@ -21,6 +21,7 @@ from calor.server.thermo.heat import TypeProfile
 from calor.server.thermo.policy import (
     ChannelPolicy,
     ConfidenceBands,
+    ContextWeights,
     DreamThresholds,
     IngestTuning,
     RecallWeights,
@@ -120,6 +121,15 @@ def test_a_new_channel_has_the_design_defaults(
     assert archive == (90.0, 0.15, 0.30, 3)
     assert list(got.dream_archive_exempt_types) == [SEMANTIC, PROCEDURAL, CORE]
     assert (got.dream_prune_heat, got.dream_channel_cooling) == (1e-3, 0.50)
+    assert got.heat_min_band == "mid"
+    context = (
+        got.context_weight_similarity,
+        got.context_weight_heat,
+        got.context_weight_recency,
+        got.context_weight_source,
+        got.context_reuse_seconds,
+    )
+    assert context == (0.40, 0.30, 0.20, 0.10, 300.0)
     ingest = (
         got.ingest_near_duplicate_similarity,
         got.ingest_near_duplicate_penalty,
@@ -234,6 +244,10 @@ INVALID: dict[str, tuple[list[str], dict[str, object]]] = {
     ),
     "mid band above high": (["confidence_mid"], {"confidence_mid": 0.7}),
     "negative band": (["confidence_high"], {"confidence_high": -0.1}),
+    "unknown heat band": (["heat_min_band"], {"heat_min_band": "medium"}),
+    "empty heat band": (["heat_min_band"], {}),
+    "context weight above 1": (["context_weight_heat"], {"context_weight_heat": 1.5}),
+    "negative reuse window": (["context_reuse_seconds"], {"context_reuse_seconds": -1.0}),
     "one bad among good": (
         ["cold_threshold", "profiles", "channel_heat_half_life_seconds"],
         {"cold_threshold": 0.2, "profiles": [_profile(half_life_seconds=10.0)]},
@@ -267,6 +281,10 @@ NAMED = {
     "familiar under novel": "ingest_novel_similarity: must be below ingest_familiar_similarity",
     "mid band above high": "confidence_mid: must be at most confidence_high (0.65), got 0.7",
     "negative band": "confidence_high",
+    "unknown heat band": "heat_min_band: must be one of 'low', 'mid', 'high', got 'medium'",
+    "empty heat band": "heat_min_band",
+    "context weight above 1": "context_weight_heat",
+    "negative reuse window": "context_reuse_seconds",
     "one bad among good": "channel_heat_half_life_seconds",
 }
 
@@ -394,8 +412,18 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
             novel_similarity=0.4,
             entity_hub=20,
         ),
+        heat_min_band="high",
+        context=ContextWeights(
+            similarity=0.5, heat=0.2, recency=0.1, source=0.3, reuse_seconds=60.0
+        ),
     )
-    groups = {"weights": "weight_", "bands": "confidence_", "dreams": "dream_", "ingest": "ingest_"}
+    groups = {
+        "weights": "weight_",
+        "bands": "confidence_",
+        "dreams": "dream_",
+        "ingest": "ingest_",
+        "context": "context_weight_",
+    }
     for group, prefix in groups.items():  # every value above differs from its default
         for f in fields(getattr(policy, group)):
             assert getattr(getattr(policy, group), f.name) != f.default, f"{prefix}{f.name}"
@@ -408,7 +436,9 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
     named = {
         f"{prefix}{f.name}" for g, prefix in groups.items() for f in fields(getattr(policy, g))
     }
-    assert named - api == {"weight_temporal_fade_days"}
+    # Two group values go by shorter names in the API.
+    assert named - api == {"weight_temporal_fade_days", "context_weight_reuse_seconds"}
+    assert {"temporal_fade_days", "context_reuse_seconds"} <= api
     grouped = {name for name in api if name.startswith(tuple(groups.values()))}
     assert grouped - named == set()
 

@@ -461,6 +461,12 @@ class ChannelSettings(_message.Message):
     INGEST_FAMILIAR_SIMILARITY_FIELD_NUMBER: _builtins.int
     INGEST_NOVEL_SIMILARITY_FIELD_NUMBER: _builtins.int
     INGEST_ENTITY_HUB_FIELD_NUMBER: _builtins.int
+    HEAT_MIN_BAND_FIELD_NUMBER: _builtins.int
+    CONTEXT_WEIGHT_SIMILARITY_FIELD_NUMBER: _builtins.int
+    CONTEXT_WEIGHT_HEAT_FIELD_NUMBER: _builtins.int
+    CONTEXT_WEIGHT_RECENCY_FIELD_NUMBER: _builtins.int
+    CONTEXT_WEIGHT_SOURCE_FIELD_NUMBER: _builtins.int
+    CONTEXT_REUSE_SECONDS_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -563,6 +569,19 @@ class ChannelSettings(_message.Message):
     """Memories naming one entity past which a store links no more of them by that
     entity (default 50).
     """
+    heat_min_band: _builtins.str
+    """Relevance before heat: a recall (and a heating Context) heats only hits whose
+    band reaches this one: "low", "mid" (default) or "high".
+    """
+    context_weight_similarity: _builtins.float
+    """Context ranking: 0.40 similarity + 0.30 heat + 0.20 recency + 0.10 source."""
+    context_weight_heat: _builtins.float
+    context_weight_recency: _builtins.float
+    context_weight_source: _builtins.float
+    context_reuse_seconds: _builtins.float
+    """Seconds a Context block is reused, byte for byte, for the same message while
+    nothing it shows changed (default 300).
+    """
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
     @_builtins.property
@@ -634,10 +653,16 @@ class ChannelSettings(_message.Message):
         ingest_familiar_similarity: _builtins.float = ...,
         ingest_novel_similarity: _builtins.float = ...,
         ingest_entity_hub: _builtins.int = ...,
+        heat_min_band: _builtins.str = ...,
+        context_weight_similarity: _builtins.float = ...,
+        context_weight_heat: _builtins.float = ...,
+        context_weight_recency: _builtins.float = ...,
+        context_weight_source: _builtins.float = ...,
+        context_reuse_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "context_reuse_seconds", b"context_reuse_seconds", "context_weight_heat", b"context_weight_heat", "context_weight_recency", b"context_weight_recency", "context_weight_similarity", b"context_weight_similarity", "context_weight_source", b"context_weight_source", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "heat_min_band", b"heat_min_band", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

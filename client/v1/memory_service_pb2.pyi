@@ -238,6 +238,7 @@ class RecallRequest(_message.Message):
     AS_OF_FIELD_NUMBER: _builtins.int
     STATES_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
+    MIN_BAND_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     query: _builtins.str
     limit: _builtins.int
@@ -246,6 +247,8 @@ class RecallRequest(_message.Message):
     peek: _builtins.bool
     """Change nothing: no bump, no counts."""
     include_archived: _builtins.bool
+    min_band: _builtins.str
+    """Leave out hits whose band is below this one: "" (keep all), "low", "mid", "high"."""
     @_builtins.property
     def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Further channels to search."""
@@ -280,10 +283,11 @@ class RecallRequest(_message.Message):
         as_of: _timestamp_pb2.Timestamp | None = ...,
         states: _abc.Iterable[_memory_pb2.MemoryState.ValueType] | None = ...,
         tags: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        min_band: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_as_of", b"_as_of", "as_of", b"as_of", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_as_of", b"_as_of", "as_of", b"as_of", "channel", b"channel", "channels", b"channels", "include_archived", b"include_archived", "limit", b"limit", "memory_types", b"memory_types", "min_heat", b"min_heat", "peek", b"peek", "query", b"query", "states", b"states", "tags", b"tags", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_as_of", b"_as_of", "as_of", b"as_of", "channel", b"channel", "channels", b"channels", "include_archived", b"include_archived", "limit", b"limit", "memory_types", b"memory_types", "min_band", b"min_band", "min_heat", b"min_heat", "peek", b"peek", "query", b"query", "states", b"states", "tags", b"tags", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__as_of: _TypeAlias = _typing.Literal["as_of"]  # noqa: Y015
     _WhichOneofArgType__as_of: _TypeAlias = _typing.Literal["_as_of", b"_as_of"]  # noqa: Y015
@@ -1167,19 +1171,31 @@ class ContextRequest(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     TOKEN_BUDGET_FIELD_NUMBER: _builtins.int
+    HEAT_FIELD_NUMBER: _builtins.int
+    MAX_NODES_FIELD_NUMBER: _builtins.int
+    MAX_CHARS_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     message: _builtins.str
     token_budget: _builtins.int
+    """Tokens the block may take, counted with the model's own tokenizer (0: 1000)."""
+    heat: _builtins.bool
+    """Heat what the block shows, as a recall would (default: read only)."""
+    max_nodes: _builtins.int
+    """Most memories (0: 200) and characters (0: 50,000) the block may hold."""
+    max_chars: _builtins.int
     def __init__(
         self,
         *,
         channel: _builtins.str = ...,
         message: _builtins.str = ...,
         token_budget: _builtins.int = ...,
+        heat: _builtins.bool = ...,
+        max_nodes: _builtins.int = ...,
+        max_chars: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "message", b"message", "token_budget", b"token_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "heat", b"heat", "max_chars", b"max_chars", "max_nodes", b"max_nodes", "message", b"message", "token_budget", b"token_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1222,9 +1238,12 @@ class ContextResponse(_message.Message):
     TOKENS_USED_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
     RECALL_ID_FIELD_NUMBER: _builtins.int
+    REUSED_FIELD_NUMBER: _builtins.int
     block: _builtins.str
     tokens_used: _builtins.int
     recall_id: _builtins.str
+    reused: _builtins.bool
+    """The block was reused from an earlier call within the reuse window."""
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextItem]: ...
     def __init__(
@@ -1234,10 +1253,11 @@ class ContextResponse(_message.Message):
         tokens_used: _builtins.int = ...,
         items: _abc.Iterable[Global___ContextItem] | None = ...,
         recall_id: _builtins.str = ...,
+        reused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "items", b"items", "recall_id", b"recall_id", "tokens_used", b"tokens_used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "items", b"items", "recall_id", b"recall_id", "reused", b"reused", "tokens_used", b"tokens_used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1315,6 +1335,7 @@ class IdentityResponse(_message.Message):
     SETTINGS_FIELD_NUMBER: _builtins.int
     CONSOLIDATION_SWEEPS_FIELD_NUMBER: _builtins.int
     INTERACTIONS_FIELD_NUMBER: _builtins.int
+    FEEDBACK_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     channel_heat: _builtins.float
     consolidation_sweeps: _builtins.int
@@ -1331,6 +1352,10 @@ class IdentityResponse(_message.Message):
     def conflicts(self) -> _containers.RepeatedCompositeFieldContainer[_memory_pb2.Conflict]: ...
     @_builtins.property
     def settings(self) -> _memory_pb2.ChannelSettings: ...
+    @_builtins.property
+    def feedback(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeFeedback]:
+        """Feedback on recalls over the last 30 days, per memory type."""
+
     def __init__(
         self,
         *,
@@ -1343,14 +1368,53 @@ class IdentityResponse(_message.Message):
         settings: _memory_pb2.ChannelSettings | None = ...,
         consolidation_sweeps: _builtins.int = ...,
         interactions: _builtins.int = ...,
+        feedback: _abc.Iterable[Global___TypeFeedback] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "interactions", b"interactions", "settings", b"settings", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "interactions", b"interactions", "settings", b"settings", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IdentityResponse: _TypeAlias = IdentityResponse  # noqa: Y015
+
+@_typing.final
+class TypeFeedback(_message.Message):
+    """How recalls of one memory type were rated, and a hint when they mostly did not help."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_TYPE_FIELD_NUMBER: _builtins.int
+    HELPFUL_FIELD_NUMBER: _builtins.int
+    UNHELPFUL_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
+    HELPFUL_SHARE_FIELD_NUMBER: _builtins.int
+    HINT_FIELD_NUMBER: _builtins.int
+    memory_type: _memory_pb2.MemoryType.ValueType
+    helpful: _builtins.int
+    unhelpful: _builtins.int
+    partial: _builtins.int
+    helpful_share: _builtins.float
+    """helpful / (helpful + unhelpful + partial)"""
+    hint: _builtins.str
+    """Plain language, set when the share is under 50%."""
+    def __init__(
+        self,
+        *,
+        memory_type: _memory_pb2.MemoryType.ValueType = ...,
+        helpful: _builtins.int = ...,
+        unhelpful: _builtins.int = ...,
+        partial: _builtins.int = ...,
+        helpful_share: _builtins.float = ...,
+        hint: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["helpful", b"helpful", "helpful_share", b"helpful_share", "hint", b"hint", "memory_type", b"memory_type", "partial", b"partial", "unhelpful", b"unhelpful"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TypeFeedback: _TypeAlias = TypeFeedback  # noqa: Y015
 
 @_typing.final
 class FeedbackRequest(_message.Message):
@@ -1468,6 +1532,115 @@ class FeedbackResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FeedbackResponse: _TypeAlias = FeedbackResponse  # noqa: Y015
+
+@_typing.final
+class TuneRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    channel: _builtins.str
+    dry_run: _builtins.bool
+    """Report the fit without applying it."""
+    def __init__(
+        self,
+        *,
+        channel: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "dry_run", b"dry_run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TuneRequest: _TypeAlias = TuneRequest  # noqa: Y015
+
+@_typing.final
+class TuneResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class BeforeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class AfterEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    FITTED_FIELD_NUMBER: _builtins.int
+    HELD_BACK_FIELD_NUMBER: _builtins.int
+    HELD_BACK_BEFORE_FIELD_NUMBER: _builtins.int
+    HELD_BACK_AFTER_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    EXPLANATION_FIELD_NUMBER: _builtins.int
+    fitted: _builtins.int
+    """Recalls with feedback the fit used, and those held back to judge it."""
+    held_back: _builtins.int
+    held_back_before: _builtins.float
+    """Share of held-back feedback the ranking agrees with, before and after."""
+    held_back_after: _builtins.float
+    applied: _builtins.bool
+    explanation: _builtins.str
+    @_builtins.property
+    def before(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The recall weights before and after, by settings field name (weight_similarity, ...)."""
+
+    @_builtins.property
+    def after(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        fitted: _builtins.int = ...,
+        held_back: _builtins.int = ...,
+        held_back_before: _builtins.float = ...,
+        held_back_after: _builtins.float = ...,
+        applied: _builtins.bool = ...,
+        before: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        after: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        explanation: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "applied", b"applied", "before", b"before", "explanation", b"explanation", "fitted", b"fitted", "held_back", b"held_back", "held_back_after", b"held_back_after", "held_back_before", b"held_back_before"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TuneResponse: _TypeAlias = TuneResponse  # noqa: Y015
 
 @_typing.final
 class ExportRequest(_message.Message):

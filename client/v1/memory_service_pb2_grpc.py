@@ -135,6 +135,11 @@ class MemoryServiceStub:
                 request_serializer=calor_dot_v1_dot_memory__service__pb2.ImportRequest.SerializeToString,
                 response_deserializer=calor_dot_v1_dot_memory__service__pb2.ImportResponse.FromString,
                 _registered_method=True)
+        self.Tune = channel.unary_unary(
+                '/calor.v1.MemoryService/Tune',
+                request_serializer=calor_dot_v1_dot_memory__service__pb2.TuneRequest.SerializeToString,
+                response_deserializer=calor_dot_v1_dot_memory__service__pb2.TuneResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -281,6 +286,14 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tune(self, request, context):
+        """Fit a channel's recall weights to its feedback; applied only when better on
+        held-back feedback.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -383,6 +396,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.Import,
                     request_deserializer=calor_dot_v1_dot_memory__service__pb2.ImportRequest.FromString,
                     response_serializer=calor_dot_v1_dot_memory__service__pb2.ImportResponse.SerializeToString,
+            ),
+            'Tune': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tune,
+                    request_deserializer=calor_dot_v1_dot_memory__service__pb2.TuneRequest.FromString,
+                    response_serializer=calor_dot_v1_dot_memory__service__pb2.TuneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -926,6 +944,33 @@ class MemoryService:
             '/calor.v1.MemoryService/Import',
             calor_dot_v1_dot_memory__service__pb2.ImportRequest.SerializeToString,
             calor_dot_v1_dot_memory__service__pb2.ImportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calor.v1.MemoryService/Tune',
+            calor_dot_v1_dot_memory__service__pb2.TuneRequest.SerializeToString,
+            calor_dot_v1_dot_memory__service__pb2.TuneResponse.FromString,
             options,
             channel_credentials,
             insecure,

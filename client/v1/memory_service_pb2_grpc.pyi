@@ -73,6 +73,10 @@ class MemoryServiceStub:
     """Stream a channel out as Markdown."""
     Import: _grpc.StreamUnaryMultiCallable[_memory_service_pb2.ImportRequest, _memory_service_pb2.ImportResponse]
     """Stream Markdown in as memories."""
+    Tune: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.TuneRequest, _memory_service_pb2.TuneResponse]
+    """Fit a channel's recall weights to its feedback; applied only when better on
+    held-back feedback.
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -119,6 +123,10 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """Stream a channel out as Markdown."""
     Import: _aio.StreamUnaryMultiCallable[_memory_service_pb2.ImportRequest, _memory_service_pb2.ImportResponse]  # type: ignore[assignment]
     """Stream Markdown in as memories."""
+    Tune: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.TuneRequest, _memory_service_pb2.TuneResponse]  # type: ignore[assignment]
+    """Fit a channel's recall weights to its feedback; applied only when better on
+    held-back feedback.
+    """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Store, recall and tend an agent's memories, one channel per agent."""
@@ -282,5 +290,15 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.ImportResponse, _abc.Awaitable[_memory_service_pb2.ImportResponse]]:
         """Stream Markdown in as memories."""
+
+    @_abc_1.abstractmethod
+    def Tune(
+        self,
+        request: _memory_service_pb2.TuneRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.TuneResponse, _abc.Awaitable[_memory_service_pb2.TuneResponse]]:
+        """Fit a channel's recall weights to its feedback; applied only when better on
+        held-back feedback.
+        """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -244,6 +244,10 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         await self._unimplemented("Evaluate", 11, context)
         return pb.EvaluateResponse()
 
+    async def Tune(self, request: pb.TuneRequest, context: _Context) -> pb.TuneResponse:
+        await self._unimplemented("Tune", 11, context)
+        return pb.TuneResponse()
+
     async def EntityCard(
         self, request: pb.EntityCardRequest, context: _Context
     ) -> pb.EntityCardResponse:

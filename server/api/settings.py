@@ -12,7 +12,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from calor.server.api.wire import enum_text, full_name, short_name
 from calor.server.errors import InvalidArgumentError
 from calor.server.thermo.heat import TypeProfile
-from calor.server.thermo.policy import DECAY_MODES, ChannelPolicy
+from calor.server.thermo.policy import BANDS, DECAY_MODES, ChannelPolicy
 from calor.v1 import memory_pb2
 
 __all__ = ["apply_settings", "settings_message"]
@@ -40,12 +40,14 @@ class _Rule:
 
     Attributes:
         attr: The attribute, of ChannelPolicy or (with ``group``) of one of its groups.
-        kind: The Python type of the value: ``bool``, ``int`` or ``float``.
+        kind: The Python type of the value: ``bool``, ``int``, ``float`` or ``str``.
         low: The least value allowed (excluded when ``low_open``).
         high: The greatest value allowed.
         low_open: Whether ``low`` itself is out of range.
         group: The ChannelPolicy attribute holding the value's group (``weights``,
-            ``bands``, ``dreams``, ``ingest``); empty for a value of the policy itself.
+            ``bands``, ``dreams``, ``ingest``, ``context``); empty for a value of the
+            policy itself.
+        choices: The names a ``str`` value may take.
     """
 
     attr: str
@@ -54,11 +56,17 @@ class _Rule:
     high: float = math.inf
     low_open: bool = False
     group: str = ""
+    choices: tuple[str, ...] = ()
 
     def check(self, field: str, value: Any) -> Any:
         """The value if it is allowed; otherwise InvalidArgumentError naming ``field``."""
         if self.kind is bool:
             return bool(value)
+        if self.kind is str:
+            if value not in self.choices:
+                allowed = ", ".join(repr(c) for c in self.choices)
+                raise InvalidArgumentError(f"{field}: must be one of {allowed}, got {value!r}")
+            return str(value)
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidArgumentError(f"{field}: must be a finite number, got {value}")
         too_low = value <= self.low if self.low_open else value < self.low
@@ -100,6 +108,10 @@ def _weight(attr: str, high: float = math.inf) -> _Rule:
 
 def _band(attr: str) -> _Rule:
     return _heat(attr, "bands")
+
+
+def _context(attr: str) -> _Rule:
+    return _heat(attr, "context")
 
 
 def _dream(attr: str) -> _Rule:
@@ -170,6 +182,12 @@ _SCALARS: dict[str, _Rule] = {
     "ingest_familiar_similarity": _ingest("familiar_similarity"),
     "ingest_novel_similarity": _ingest("novel_similarity"),
     "ingest_entity_hub": _count("entity_hub", 1, group="ingest"),
+    "heat_min_band": _Rule("heat_min_band", str, choices=BANDS),
+    "context_weight_similarity": _context("similarity"),
+    "context_weight_heat": _context("heat"),
+    "context_weight_recency": _context("recency"),
+    "context_weight_source": _context("source"),
+    "context_reuse_seconds": _Rule("reuse_seconds", float, 0.0, group="context"),
 }
 
 # Pairs of fields whose first must stay below (``strict``) or at most their second.

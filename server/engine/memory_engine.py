@@ -1,9 +1,10 @@
 """The memory engine: stores, recalls and tends memories, one lock per channel.
 
 Every method is synchronous and may block (RocksDB, FAISS); the servicers run them
-off the event loop. Writes go to RocksDB first, in one atomic batch, and only then
-to the in-memory views (records, indexes, graph), so what a reader sees has always
-been made durable.
+off the event loop. Every write is said to a change (:mod:`calor.server.engine.changes`),
+committed to RocksDB in one atomic batch, and only then applied to the channel's live
+view, so what a reader sees has always been made durable. Reads that need no engine
+work (listing, status, conflicts) are the registry's, as ``engine.channels``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ __all__ = ["Current", "MemoryEngine", "RecallResult", "Stored"]
 
 # A change applied to a copy of a record: (record, policy, clocks).
 _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
-_LIVE = frozenset({ACTIVE, COLD})
 # At most this many warmed neighbours are named in an on_recall event, for the decay
 # scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
 # old crossing comes due.

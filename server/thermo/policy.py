@@ -13,6 +13,8 @@ from typing import Any
 from calor.server.thermo.heat import DEFAULT_PROFILES, TypeProfile
 
 __all__ = [
+    "BANDS",
+    "ContextWeights",
     "DECAY_MODES",
     "ChannelPolicy",
     "ConfidenceBands",
@@ -117,6 +119,27 @@ class IngestTuning:
 
 
 @dataclass(frozen=True)
+class ContextWeights:
+    """How Context ranks its candidates (DESIGN §8), and how long a block is reused.
+
+    Attributes:
+        similarity / heat / recency / source: The score's weights.
+        reuse_seconds: How long the same message gets the byte-identical block back
+            while nothing it shows changed (for prompt caches).
+    """
+
+    similarity: float = 0.40
+    heat: float = 0.30
+    recency: float = 0.20
+    source: float = 0.10
+    reuse_seconds: float = 300.0
+
+
+BANDS = ("low", "mid", "high")
+"""Recall's confidence bands, weakest first."""
+
+
+@dataclass(frozen=True)
 class ChannelPolicy:
     """Everything that governs how one channel's memories live and are found.
 
@@ -153,6 +176,9 @@ class ChannelPolicy:
         bands: Where recall's confidence bands start.
         dreams: What a dream merges, promotes, prunes and archives.
         ingest: Novelty and near-duplicate tuning of the store pipeline.
+        heat_min_band: The least confidence band a recall hit needs to be heated
+            (relevance before heat).
+        context: How Context ranks candidates and reuses blocks.
     """
 
     profiles: dict[str, TypeProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
@@ -187,6 +213,8 @@ class ChannelPolicy:
     bands: ConfidenceBands = field(default_factory=ConfidenceBands)
     dreams: DreamThresholds = field(default_factory=DreamThresholds)
     ingest: IngestTuning = field(default_factory=IngestTuning)
+    heat_min_band: str = "mid"
+    context: ContextWeights = field(default_factory=ContextWeights)
 
     def profile(self, memory_type: str) -> TypeProfile:
         """The decay profile of a memory type."""
@@ -218,6 +246,7 @@ _GROUPS: dict[str, type] = {
     "bands": ConfidenceBands,
     "dreams": DreamThresholds,
     "ingest": IngestTuning,
+    "context": ContextWeights,
 }
 
 
