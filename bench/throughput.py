@@ -12,7 +12,11 @@ What it measures, in order:
 3. **Recall latency** at N memories, end to end on the client (query embedding
    included): 300 sequential ``Recall(limit=10, peek=True)`` after 50 warm-ups, then
    100 with ``peek=False`` (heat bumps persisted).
-4. **Single Store latency**: 200 sequential ``Store`` calls of short texts.
+4. **Context latency** at N memories, end to end (message embedding included): each
+   query once as a ``Context(token_budget=1000)`` message after 20 warm-ups of other
+   messages, so every block is assembled; then the first 100 again, answered from the
+   reuse window (no model).
+5. **Single Store latency**: 200 sequential ``Store`` calls of short texts.
 
 The corpus (``bench/corpus.py``) is LongMemEval user/assistant turns from
 ``../shared/data``, topped up with generated sentences when the files run short;
@@ -57,6 +61,9 @@ DEFAULT_OUT = REPO / "bench" / "results"
 WARMUP_TEXTS = 64
 WARMUP_RECALLS = 50
 WRITE_RECALLS = 100
+WARMUP_CONTEXTS = 20
+REUSED_CONTEXTS = 100
+CONTEXT_BUDGET = 1000
 SINGLE_STORES = 200
 TARGET_RATIO = 0.7
 CHANNEL = "bench"
@@ -122,6 +129,24 @@ def recall_times(
     return times
 
 
+def context_times(
+    stub: pb_grpc.MemoryServiceStub, channel: str, messages: Sequence[str]
+) -> tuple[list[float], int]:
+    """Milliseconds of each sequential Context(token_budget=1000), end to end, and how
+    many blocks came back from the reuse window."""
+    times: list[float] = []
+    reused = 0
+    for message in messages:
+        request = pb.ContextRequest(channel=channel, message=message, token_budget=CONTEXT_BUDGET)
+        started = time.perf_counter()
+        reply = stub.Context(request, timeout=60.0)
+        times.append((time.perf_counter() - started) * 1000)
+        if not reply.block or reply.tokens_used > CONTEXT_BUDGET:
+            raise RuntimeError(f"Context gave {reply.tokens_used} tokens for {message!r}")
+        reused += reply.reused
+    return times, reused
+
+
 def store_times(stub: pb_grpc.MemoryServiceStub, channel: str, count: int) -> list[float]:
     """Milliseconds of each of ``count`` sequential single Store calls of short texts."""
     rng = random.Random(3)
@@ -165,6 +190,13 @@ def measure_server(corpus: Corpus, server: Server) -> Json:
     results["recall_peek"] = summarize(recall_times(stub, CHANNEL, corpus.queries, peek=True))
     writes = corpus.queries[:WRITE_RECALLS]
     results["recall_write"] = summarize(recall_times(stub, CHANNEL, writes, peek=False))
+    queries = corpus.queries
+    warm = [f"{queries[i % len(queries)]} (warm-up)" for i in range(WARMUP_CONTEXTS)]
+    context_times(stub, CHANNEL, warm)
+    built, reused = context_times(stub, CHANNEL, queries)
+    results["context"] = {**summarize(built), "reused": reused}
+    again, reused = context_times(stub, CHANNEL, queries[:REUSED_CONTEXTS])
+    results["context_reused"] = {**summarize(again), "reused": reused}
     results["store_single"] = summarize(store_times(stub, CHANNEL, SINGLE_STORES))
     results["rss_end_mb"] = server.rss_mb()
     results["data_dir_mb"] = server.data_mb()
@@ -237,6 +269,8 @@ def render_table(report: Json) -> str:
     for label, key in (
         ("recall peek=True", "recall_peek"),
         ("recall peek=False", "recall_write"),
+        (f"context ({CONTEXT_BUDGET:,} tokens)", "context"),
+        ("context reused", "context_reused"),
         ("store (single)", "store_single"),
     ):
         s = server[key]

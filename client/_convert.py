@@ -6,26 +6,34 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
+import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.client._enums import EnumArg, parse_confidence, parse_source, parse_state, parse_type
+from calor.client.errors import InvalidArgumentError
 from calor.v1 import memory_service_pb2
 
 __all__ = [
     "ClientBase",
+    "ContextOptions",
     "FilterOptions",
     "ListOptions",
+    "RATING_NAMES",
     "RecallOptions",
     "StoreOptions",
     "UpdateOptions",
     "check_options",
+    "feedback_request",
+    "context_request",
     "forget_request",
     "list_request",
+    "parse_rating",
     "recall_request",
     "store_request",
     "stream_requests",
     "timestamp",
+    "tune_request",
     "update_request",
 ]
 
@@ -276,6 +284,83 @@ def forget_request(channel: str, ids: str | Iterable[str]) -> memory_service_pb2
     return memory_service_pb2.ForgetRequest(
         channel=channel, ids=[ids] if isinstance(ids, str) else list(ids)
     )
+
+
+class ContextOptions(TypedDict, total=False):
+    """The options of a context block, each optional (``context`` on both clients).
+
+    Attributes:
+        token_budget: Tokens the block may take, counted with the model's own
+            tokenizer; 0 (the default) means the server's default (1000).
+        heat: Warm the memories the block shows, as a recall would (default False:
+            the block reads without changing anything).
+        max_nodes: At most this many memories; 0 (the default) means 200.
+        max_chars: At most this many characters; 0 (the default) means 50,000.
+    """
+
+    token_budget: int
+    heat: bool
+    max_nodes: int
+    max_chars: int
+
+
+def context_request(
+    channel: str, message: str, /, **options: Unpack[ContextOptions]
+) -> memory_service_pb2.ContextRequest:
+    """The ``ContextRequest`` for a message and its :class:`ContextOptions`."""
+    check_options(options, ContextOptions.__optional_keys__)
+    return memory_service_pb2.ContextRequest(
+        channel=channel,
+        message=message,
+        token_budget=options.get("token_budget", 0),
+        heat=options.get("heat", False),
+        max_nodes=options.get("max_nodes", 0),
+        max_chars=options.get("max_chars", 0),
+    )
+
+
+RATING_NAMES = ("helpful", "unhelpful", "partial")
+"""What a recall can be rated, by short name."""
+
+
+def parse_rating(value: EnumArg) -> memory_service_pb2.FeedbackRating.ValueType:
+    """A ``FeedbackRating`` from ``"helpful"``, ``"FEEDBACK_RATING_HELPFUL"`` or 1.
+
+    Raises:
+        InvalidArgumentError: The name or number is not a rating.
+    """
+    ratings = memory_service_pb2.FeedbackRating
+    for name in RATING_NAMES:
+        number = ratings.Value(f"FEEDBACK_RATING_{name.upper()}")
+        if value == number or (
+            isinstance(value, str) and value.strip().upper() in (name.upper(), ratings.Name(number))
+        ):
+            return number
+    raise InvalidArgumentError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"unknown rating {value!r} (expected one of {', '.join(RATING_NAMES)})",
+    )
+
+
+def feedback_request(
+    channel: str, recall_id: str, rating: EnumArg, memory_ids: str | Iterable[str]
+) -> memory_service_pb2.FeedbackRequest:
+    """The ``FeedbackRequest`` rating one recall, about one memory, some or (none) all.
+
+    Raises:
+        InvalidArgumentError: ``rating`` is not helpful, unhelpful or partial.
+    """
+    return memory_service_pb2.FeedbackRequest(
+        channel=channel,
+        recall_id=recall_id,
+        rating=parse_rating(rating),
+        memory_ids=[memory_ids] if isinstance(memory_ids, str) else list(memory_ids),
+    )
+
+
+def tune_request(channel: str, dry_run: bool) -> memory_service_pb2.TuneRequest:
+    """The ``TuneRequest`` fitting one channel's recall weights (or only reporting it)."""
+    return memory_service_pb2.TuneRequest(channel=channel, dry_run=dry_run)
 
 
 class ClientBase:

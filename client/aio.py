@@ -12,7 +12,13 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import _convert, _convert_triggers, _enums, _transfer
-from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
+from calor.client._convert import (
+    ContextOptions,
+    ListOptions,
+    RecallOptions,
+    StoreOptions,
+    UpdateOptions,
+)
 from calor.client._convert_triggers import TriggerOptions
 from calor.client._enums import EnumArg
 from calor.client._subscription import Backoff, Resumer
@@ -188,6 +194,51 @@ class AsyncCalorClient(_convert.ClientBase):
         request = memory_service_pb2.IdentityRequest(channel=self._in(channel))
         with translate_rpc_errors():
             return await self._stub.Identity(request, timeout=self.timeout)
+
+    async def feedback(
+        self,
+        recall_id: str,
+        rating: EnumArg,
+        memory_ids: str | Iterable[str] = (),
+        *,
+        channel: str | None = None,
+    ) -> memory_service_pb2.FeedbackResponse:
+        """Say whether a recall helped; see :meth:`CalorClient.feedback`."""
+        request = _convert.feedback_request(self._in(channel), recall_id, rating, memory_ids)
+        with translate_rpc_errors():
+            return await self._stub.Feedback(request, timeout=self.timeout)
+
+    async def tune(
+        self, *, channel: str | None = None, dry_run: bool = False
+    ) -> memory_service_pb2.TuneResponse:
+        """Fit the channel's recall weights to its feedback; see :meth:`CalorClient.tune`."""
+        request = _convert.tune_request(self._in(channel), dry_run)
+        with translate_rpc_errors():
+            return await self._stub.Tune(request, timeout=self.timeout)
+
+    async def context(
+        self, message: str, *, channel: str | None = None, **options: Unpack[ContextOptions]
+    ) -> memory_service_pb2.ContextResponse:
+        """The block to prepend to a prompt; see :meth:`CalorClient.context`."""
+        request = _convert.context_request(self._in(channel), message, **options)
+        with translate_rpc_errors():
+            return await self._stub.Context(request, timeout=self.timeout)
+
+    async def evaluate(
+        self, text: str, *, channel: str | None = None, store_findings: bool = False
+    ) -> memory_service_pb2.EvaluateResponse:
+        """Check a text against the channel's memories; see :meth:`CalorClient.evaluate`."""
+        request = memory_service_pb2.EvaluateRequest(
+            channel=self._in(channel), text=text, store_findings=store_findings
+        )
+        with translate_rpc_errors():
+            return await self._stub.Evaluate(request, timeout=self.timeout)
+
+    async def dream(self, *, channel: str | None = None) -> memory_service_pb2.DreamResponse:
+        """Consolidate a channel now; see :meth:`CalorClient.dream`."""
+        request = memory_service_pb2.DreamRequest(channel=self._in(channel))
+        with translate_rpc_errors():
+            return await self._stub.Dream(request, timeout=self.timeout)
 
     async def export(
         self, *, channel: str | None = None, include_archived: bool = False

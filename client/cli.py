@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from calor.client import _render
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
+from calor.client._cli_tune import add_tune_command
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client._subscription import Backoff
 from calor.client.client import CalorClient
@@ -55,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "check":
         return _check(args)
+    if args.command == "mcp":
+        return _mcp(args)
     handler: Handler = args.handler
     output: Output | None = None
     try:
@@ -143,6 +146,19 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as err:  # the port is taken, the data dir is not writable, …
         print(f"error: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """Serve the memory tools to an MCP host on stdin and stdout until it closes stdin."""
+    # Imported here: only this command needs the MCP SDK.
+    from calor.client._mcp import McpOptions, run
+
+    logging.basicConfig(level=logging.WARNING, format="calor mcp: %(levelname)s %(message)s")
+    try:
+        run(McpOptions(target=args.target, channel=args.channel))
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
@@ -483,6 +499,13 @@ def _parser() -> argparse.ArgumentParser:
 
     command("status", _status, "the channel's counts, heat, gates and conflicts")
 
+    command(
+        "mcp",
+        None,
+        "serve the memory tools to an agent host over the Model Context Protocol (stdio); "
+        "--channel is the channel the tools use when a call names none",
+    )
+
     subscribe = command(
         "subscribe", _subscribe, "print the channel's events as they happen, until Ctrl-C"
     )
@@ -528,6 +551,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_transfer_commands(commands, shared)
     add_trigger_commands(commands, shared)
+    add_tune_command(commands, shared)
     return parser
 
 

@@ -9,7 +9,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import _convert, _convert_triggers, _enums, _transfer
-from calor.client._convert import ListOptions, RecallOptions, StoreOptions, UpdateOptions
+from calor.client._convert import (
+    ContextOptions,
+    ListOptions,
+    RecallOptions,
+    StoreOptions,
+    UpdateOptions,
+)
 from calor.client._convert_triggers import TriggerOptions
 from calor.client._enums import EnumArg
 from calor.client._subscription import Backoff, EventStream, Resumer
@@ -237,6 +243,105 @@ class CalorClient(_convert.ClientBase):
         request = memory_service_pb2.IdentityRequest(channel=self._in(channel))
         with translate_rpc_errors():
             return self._stub.Identity(request, timeout=self.timeout)
+
+    def feedback(
+        self,
+        recall_id: str,
+        rating: EnumArg,
+        memory_ids: str | Iterable[str] = (),
+        *,
+        channel: str | None = None,
+    ) -> memory_service_pb2.FeedbackResponse:
+        """Say whether a recall helped; the last feedback on a recall is the one that counts.
+
+        Args:
+            recall_id: The ``recall_id`` a recall (or a context block) returned.
+            rating: ``"helpful"``, ``"unhelpful"`` or ``"partial"``.
+            memory_ids: The hits the rating is about; none means the whole recall.
+            channel: The channel that recalled, instead of the client's.
+
+        Returns:
+            The channel's rated recalls of the last 30 days per memory type, by rating.
+
+        Raises:
+            NotFoundError: The channel logged no recall with that id (or no longer keeps it).
+            InvalidArgumentError: A named memory is not a hit of that recall.
+        """
+        request = _convert.feedback_request(self._in(channel), recall_id, rating, memory_ids)
+        with translate_rpc_errors():
+            return self._stub.Feedback(request, timeout=self.timeout)
+
+    def tune(
+        self, *, channel: str | None = None, dry_run: bool = False
+    ) -> memory_service_pb2.TuneResponse:
+        """Fit the channel's recall weights to its feedback, and apply them only if they
+        rank the held-back feedback better (never with ``dry_run``).
+
+        Returns:
+            Recalls fitted and held back, agreement on those held back before and
+            after, the weights before and after by settings name, whether they were
+            applied, and an explanation.
+
+        Raises:
+            ServerError: FAILED_PRECONDITION while the channel has fewer than 20
+                recalls with feedback.
+        """
+        request = _convert.tune_request(self._in(channel), dry_run)
+        with translate_rpc_errors():
+            return self._stub.Tune(request, timeout=self.timeout)
+
+    def context(
+        self, message: str, *, channel: str | None = None, **options: Unpack[ContextOptions]
+    ) -> memory_service_pb2.ContextResponse:
+        """The block of memories an agent prepends to its prompt for a message.
+
+        The same memories give byte-identical text, so a prompt cache keeps working;
+        unless ``heat=True`` the block changes nothing.
+
+        Args:
+            message: What the agent is about to answer.
+            channel: The channel to draw on, instead of the client's.
+            **options: The token budget, ``heat`` and the node and character caps:
+                see :class:`~calor.client._convert.ContextOptions`.
+
+        Returns:
+            The rendered ``block``, ``tokens_used``, each memory chosen with the
+            signal that found it, and the ``recall_id`` to give feedback on.
+        """
+        request = _convert.context_request(self._in(channel), message, **options)
+        with translate_rpc_errors():
+            return self._stub.Context(request, timeout=self.timeout)
+
+    def evaluate(
+        self, text: str, *, channel: str | None = None, store_findings: bool = False
+    ) -> memory_service_pb2.EvaluateResponse:
+        """Check a text an agent is about to say against the channel's memories.
+
+        Args:
+            text: The text to check.
+            channel: The channel to check against, instead of the client's.
+            store_findings: Store each misalignment found as an episodic memory.
+
+        Returns:
+            The ``alignment`` (0..1), each issue (contradiction, preference drift,
+            stale reference) with the memory behind it, and the ids stored.
+        """
+        request = memory_service_pb2.EvaluateRequest(
+            channel=self._in(channel), text=text, store_findings=store_findings
+        )
+        with translate_rpc_errors():
+            return self._stub.Evaluate(request, timeout=self.timeout)
+
+    def dream(self, *, channel: str | None = None) -> memory_service_pb2.DreamResponse:
+        """Consolidate a channel now: migrate, merge, promote, prune, archive.
+
+        Returns:
+            The dream report: how many memories each step changed, the channel's
+            heat before and after, and how long it took.
+        """
+        request = memory_service_pb2.DreamRequest(channel=self._in(channel))
+        with translate_rpc_errors():
+            return self._stub.Dream(request, timeout=self.timeout)
 
     def export(
         self, *, channel: str | None = None, include_archived: bool = False

@@ -107,6 +107,18 @@ class Embedder(Protocol):
         """
         ...
 
+    def count_tokens(self, text: str) -> int:
+        """Counts the tokens the model's tokenizer makes of a text, however long.
+
+        Args:
+            text: Any text (a prompt block, say), counted whole: no truncation, no
+                special tokens.
+
+        Returns:
+            The number of tokens.
+        """
+        ...
+
 
 class OnnxEmbedder:
     """BGE-small on onnxruntime: CLS pooling, L2-normalised, truncated at 512 tokens.
@@ -117,6 +129,7 @@ class OnnxEmbedder:
 
     __slots__ = (
         "_batch_size",
+        "_counter",
         "_dim",
         "_input_names",
         "_model_id",
@@ -139,6 +152,10 @@ class OnnxEmbedder:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self._session = session
         self._tokenizer = tokenizer
+        # Counting sees the whole text: a copy of the tokenizer without the truncation
+        # the model needs (toggling it on the shared one would race with embedding).
+        self._counter = Tokenizer.from_str(tokenizer.to_str())
+        self._counter.no_truncation()
         pad_id = tokenizer.token_to_id(_PAD_TOKEN)
         if pad_id is None:
             raise ModelError(f"the tokenizer has no {_PAD_TOKEN} token to pad with")
@@ -202,6 +219,10 @@ class OnnxEmbedder:
     def embed_queries(self, texts: Sequence[str]) -> _F32:
         """Embeds several search queries; see :meth:`Embedder.embed_queries`."""
         return self._embed([QUERY_PREFIX + text for text in texts])
+
+    def count_tokens(self, text: str) -> int:
+        """Counts a text's tokens; see :meth:`Embedder.count_tokens`."""
+        return len(self._counter.encode(text, add_special_tokens=False))
 
     def _embed(self, texts: Sequence[str]) -> _F32:
         out = np.empty((len(texts), self._dim), dtype=np.float32)

@@ -46,6 +46,7 @@ class RecallQuery:
     peek: bool = False
     include_archived: bool = False
     as_of: float | None = None
+    min_band: str = ""  # the least confidence band a hit needs; "" keeps all
 
 
 @dataclass(frozen=True)

@@ -390,13 +390,35 @@ def test_calls_on_an_unknown_channel_leave_rocksdb_unchanged(
             forgot = stub.Forget(pb.ForgetRequest(channel=unknown, ids=[kept.id]))
             forgot_none = stub.Forget(pb.ForgetRequest(channel="known", ids=[new_id()]))
             got = settings.GetSettings(settings_service_pb2.GetSettingsRequest(channel=unknown))
+            evaluated = stub.Evaluate(
+                pb.EvaluateRequest(
+                    channel=unknown, text="The boiler is never serviced.", store_findings=True
+                )
+            )
             triggers = hooks.ListTriggers(tpb.ListTriggersRequest(channel=unknown))
+            with pytest.raises(grpc.RpcError) as tune_failed:
+                stub.Tune(pb.TuneRequest(channel=unknown))
+            tuned = tune_failed.value
+            blocks = [
+                stub.Context(pb.ContextRequest(channel=unknown, message="boiler", heat=True)),
+                stub.Context(pb.ContextRequest(channel=unknown, message="boiler")),
+            ]
             for call in (
                 lambda: stub.Inspect(pb.InspectRequest(channel=unknown, id=kept.id)),
                 lambda: stub.Boost(pb.BoostRequest(channel=unknown, id=kept.id, delta=0.1)),
                 lambda: stub.Keystone(
                     pb.KeystoneRequest(channel=unknown, id=kept.id, keystone=True)
                 ),
+                lambda: stub.Feedback(
+                    pb.FeedbackRequest(
+                        channel=unknown, recall_id=new_id(), rating=pb.FEEDBACK_RATING_HELPFUL
+                    )
+                ),
+                lambda: stub.Share(
+                    pb.ShareRequest(channel=unknown, id=kept.id, target_channel="known")
+                ),
+                lambda: stub.EntityCard(pb.EntityCardRequest(channel=unknown, entity="Boiler")),
+                lambda: stub.EntityCard(pb.EntityCardRequest(channel="known", entity="October")),
             ):
                 with pytest.raises(grpc.RpcError) as caught:
                     call()
@@ -412,8 +434,12 @@ def test_calls_on_an_unknown_channel_leave_rocksdb_unchanged(
     assert (offered.accumulated, offered.dreamed) == (0, False)
     assert sum(part.memories for part in exported) == 0
     assert (forgot.forgotten, forgot_none.forgotten) == (0, 0)
+    assert not recall.recall_id, "a recall from a channel that does not exist logs nothing"
+    assert tuned.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert got.settings.entropy_threshold > 0
+    assert evaluated.alignment == 1.0 and not evaluated.issues and not evaluated.stored_ids
     assert not triggers.triggers
+    assert [(b.block, b.tokens_used, len(b.items)) for b in blocks] == [("", 0, 0)] * 2
     after = _dump(config.data_dir, embedder)
     assert [k for k in after if k not in before] == []
     assert after == before

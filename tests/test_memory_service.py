@@ -409,9 +409,3 @@ def test_unclassified_memories_get_a_type(memories: MemoryServiceStub, channel_n
     assert store(memories, channel_name, "How to release: tag, build, then push.").memory_type == (
         memory_pb2.MEMORY_TYPE_PROCEDURAL
     )
-
-
-def test_unbuilt_rpcs_answer_unimplemented(memories: MemoryServiceStub, channel_name: str) -> None:
-    with pytest.raises(grpc.RpcError) as caught:
-        memories.Context(pb.ContextRequest(channel=channel_name, message="hello"))
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

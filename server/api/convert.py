@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from calor.server.api.wire import full_name, timestamp_message
+from calor.server.engine.cards import EntityCard
+from calor.server.engine.context import ContextResult
 from calor.server.engine.dream import DreamReport
+from calor.server.engine.evaluate import Evaluation
+from calor.server.engine.feedback import TypeTally, hint
 from calor.server.engine.results import ChannelStatus
+from calor.server.engine.tuning import FITTED, TuneReport
 from calor.server.recall.ranking import Hit
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import MemoryRecord
@@ -12,11 +17,17 @@ from calor.server.thermo.graph import Edge
 from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = [
+    "card_message",
+    "context_message",
     "dream_message",
     "edge_message",
+    "feedback_message",
+    "evaluation_message",
     "hit_message",
     "memory_message",
     "status_message",
+    "tune_message",
+    "type_feedback",
     "window_message",
 ]
 
@@ -78,6 +89,53 @@ def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.Recal
     )
 
 
+def evaluation_message(
+    evaluation: Evaluation, stored_ids: list[str]
+) -> memory_service_pb2.EvaluateResponse:
+    """An evaluation: its alignment, each issue, and the ids of the stored findings."""
+    return memory_service_pb2.EvaluateResponse(
+        alignment=evaluation.alignment,
+        issues=[
+            memory_service_pb2.EvaluationIssue(
+                kind=issue.kind,
+                memory_id=issue.memory_id,
+                message=issue.message,
+                similarity=issue.similarity,
+            )
+            for issue in evaluation.issues
+        ],
+        stored_ids=stored_ids,
+    )
+
+
+def context_message(result: ContextResult) -> memory_service_pb2.ContextResponse:
+    """A Context block, with each memory it shows as it stands now."""
+    return memory_service_pb2.ContextResponse(
+        block=result.block,
+        tokens_used=result.tokens_used,
+        items=[
+            memory_service_pb2.ContextItem(
+                memory=memory_message(now.record, now.heat),
+                signal=item.signal,
+                score=item.hit.score,
+                band=item.hit.band,
+            )
+            for item, now in zip(result.items, result.memories, strict=True)
+        ],
+        recall_id=result.recall_id,
+        reused=result.reused,
+    )
+
+
+def card_message(
+    card: EntityCard, memories: list[memory_pb2.Memory]
+) -> memory_service_pb2.EntityCardResponse:
+    """An entity card: the entity as the memories spell it, its memories, its text."""
+    return memory_service_pb2.EntityCardResponse(
+        entity=card.entity, memories=memories, card=card.text
+    )
+
+
 def window_message(window: TimeWindow) -> memory_service_pb2.TimeWindow:
     """The time window a recall boosted."""
     return memory_service_pb2.TimeWindow(
@@ -101,4 +159,55 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
         channel_heat=status.channel_heat,
         consolidation_sweeps=status.sweeps,
         interactions=status.interactions,
+    )
+
+
+def _type_number(name: str) -> memory_pb2.MemoryType.ValueType:
+    return memory_pb2.MemoryType.Value(full_name("MEMORY_TYPE_", name))
+
+
+def feedback_message(tallies: dict[str, TypeTally]) -> memory_service_pb2.FeedbackResponse:
+    """A channel's feedback counts per rated memory type, keyed by the MemoryType enum's
+    names (every rated type in each map, 0 included)."""
+
+    def by_type(rating: str) -> dict[str, int]:
+        return {full_name("MEMORY_TYPE_", name): t.count(rating) for name, t in tallies.items()}
+
+    return memory_service_pb2.FeedbackResponse(
+        helpful_by_type=by_type("helpful"),
+        unhelpful_by_type=by_type("unhelpful"),
+        partial_by_type=by_type("partial"),
+    )
+
+
+def type_feedback(tallies: dict[str, TypeTally]) -> list[memory_service_pb2.TypeFeedback]:
+    """Each rated memory type's counts, helpful share and hint, in the enum's order."""
+    return sorted(
+        (
+            memory_service_pb2.TypeFeedback(
+                memory_type=_type_number(name),
+                helpful=tally.helpful,
+                unhelpful=tally.unhelpful,
+                partial=tally.partial,
+                helpful_share=tally.helpful_share,
+                hint=hint(name, tally),
+            )
+            for name, tally in tallies.items()
+        ),
+        key=lambda message: message.memory_type,
+    )
+
+
+def tune_message(report: TuneReport) -> memory_service_pb2.TuneResponse:
+    """A fit's report; the weights by their ChannelSettings names (``weight_keyword``, ...)."""
+    names = ("similarity", *FITTED)
+    return memory_service_pb2.TuneResponse(
+        fitted=report.fitted,
+        held_back=report.held_back,
+        held_back_before=report.held_back_before,
+        held_back_after=report.held_back_after,
+        applied=report.applied,
+        before={f"weight_{name}": getattr(report.before, name) for name in names},
+        after={f"weight_{name}": getattr(report.after, name) for name in names},
+        explanation=report.explanation,
     )

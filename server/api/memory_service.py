@@ -10,11 +10,17 @@ import grpc
 import numpy as np
 
 from calor.server.api.convert import (
+    card_message,
+    context_message,
     dream_message,
     edge_message,
+    evaluation_message,
+    feedback_message,
     hit_message,
     memory_message,
     status_message,
+    tune_message,
+    type_feedback,
     window_message,
 )
 from calor.server.api.rpc import abort_with, rpc_errors
@@ -24,7 +30,7 @@ from calor.server.api.wire import encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
 from calor.server.engine.results import Current, Stored
-from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
+from calor.server.errors import CalorError, InvalidArgumentError
 from calor.server.storage.markdown import (
     MarkdownReader,
     render_header,
@@ -115,7 +121,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             hits=[
                 hit_message(hit, self._memory(now))
                 for hit, now in zip(result.hits, result.memories, strict=True)
-            ]
+            ],
+            recall_id=result.recall_id,
         )
         if result.window is not None:
             reply.temporal_window.CopyFrom(window_message(result.window))
@@ -219,6 +226,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             memory_pb2.Conflict(a_id=a, b_id=b, reason=reason) for a, b, reason in conflicts
         )
         reply.settings.CopyFrom(settings_message(policy))
+        tallies = await self._rt.run(self._rt.engine.feedback_by_type, channel)
+        reply.feedback.extend(type_feedback(tallies))
         return reply
 
     @rpc_errors
@@ -231,28 +240,45 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         edge = await self._rt.run(self._rt.engine.connect, channel, from_id, to_id, weight)
         return pb.ConnectResponse(edge=edge_message(edge))
 
-    async def _unimplemented(self, name: str, issue: int, context: _Context) -> None:
-        await abort_with(
-            context, UnimplementedError(f"{name} is not implemented yet (issue {issue})")
-        )
-
+    @rpc_errors
     async def Share(self, request: pb.ShareRequest, context: _Context) -> pb.ShareResponse:
-        await self._unimplemented("Share", 11, context)
-        return pb.ShareResponse()
+        channel, memory_id, target = self._rt.validator.share(request)
+        # Access control, when it lands, checks here that the caller may read `channel`
+        # and write `target`, before anything is read or stored.
+        stored = await self._rt.run(
+            self._rt.engine.share,
+            channel,
+            memory_id,
+            target,
+            self._rt.config.limits.max_text_bytes,
+        )
+        return pb.ShareResponse(memory=memory_message(stored.record, stored.heat))
 
+    @rpc_errors
     async def Evaluate(self, request: pb.EvaluateRequest, context: _Context) -> pb.EvaluateResponse:
-        await self._unimplemented("Evaluate", 11, context)
-        return pb.EvaluateResponse()
+        channel, text = self._rt.validator.evaluate(request)
+        [vector] = await self._rt.embeddings.passages([text])  # compared like a memory
+        evaluation = await self._rt.run(self._rt.engine.evaluate, channel, text, vector)
+        stored: list[Stored] = []
+        if request.store_findings and evaluation.findings:
+            stored = await self._store(evaluation.findings)
+        return evaluation_message(evaluation, [s.record.id for s in stored])
 
+    @rpc_errors
     async def Tune(self, request: pb.TuneRequest, context: _Context) -> pb.TuneResponse:
-        await self._unimplemented("Tune", 11, context)
-        return pb.TuneResponse()
+        channel = self._rt.validator.channel(request.channel)
+        report = await self._rt.run(self._rt.engine.tune, channel, request.dry_run)
+        return tune_message(report)
 
+    @rpc_errors
     async def EntityCard(
         self, request: pb.EntityCardRequest, context: _Context
     ) -> pb.EntityCardResponse:
-        await self._unimplemented("EntityCard", 11, context)
-        return pb.EntityCardResponse()
+        validator = self._rt.validator
+        channel = validator.channel(request.channel)
+        entity = validator.entity(request.entity)
+        card, memories = await self._rt.run(self._rt.engine.entity_card, channel, entity)
+        return card_message(card, [self._memory(now) for now in memories])
 
     @rpc_errors
     async def Dream(self, request: pb.DreamRequest, context: _Context) -> pb.DreamResponse:
@@ -274,13 +300,27 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             reply.report.CopyFrom(dream_message(report))
         return reply
 
+    @rpc_errors
     async def Context(self, request: pb.ContextRequest, context: _Context) -> pb.ContextResponse:
-        await self._unimplemented("Context", 11, context)
-        return pb.ContextResponse()
+        """A block reused from the window (or a channel's empty block) answers without
+        the model; otherwise the message is embedded and the block built."""
+        query = self._rt.validator.context(request)
+        engine, count_tokens = self._rt.engine, self._rt.embeddings.embedder.count_tokens
+        inflight = self._rt.inflight + 1  # counting this call
+        result = await self._rt.run(engine.context, query, None, count_tokens, inflight)
+        if result is None:
+            vector = await self._rt.embeddings.query(query.message)
+            result = await self._rt.run(engine.context, query, vector, count_tokens, inflight)
+        assert result is not None  # with the message's embedding, a block is always built
+        return context_message(result)
 
+    @rpc_errors
     async def Feedback(self, request: pb.FeedbackRequest, context: _Context) -> pb.FeedbackResponse:
-        await self._unimplemented("Feedback", 11, context)
-        return pb.FeedbackResponse()
+        channel, recall_id, rating, memory_ids = self._rt.validator.feedback(request)
+        tallies = await self._rt.run(
+            self._rt.engine.feedback, channel, recall_id, rating, memory_ids
+        )
+        return feedback_message(tallies)
 
     async def Export(
         self, request: pb.ExportRequest, context: _Context

@@ -12,12 +12,15 @@ from collections.abc import Iterable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from calor.models.entities import entity_key
 from calor.server.api.wire import Enum, decode_page_token, enum_name, seconds_of
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery, NewMemory, RecallQuery, TagFilter, UpdateChange
 from calor.server.config import Limits
+from calor.server.engine.context import ContextQuery
 from calor.server.errors import InvalidArgumentError
 from calor.server.ids import is_valid_id
+from calor.server.thermo.policy import BANDS
 from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = [
@@ -28,6 +31,11 @@ __all__ = [
 _CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]*$")
 _MIN_TS = -62_135_596_800  # 0001-01-01
 _MAX_TS = 253_402_300_799  # 9999-12-31
+# A Context request's limits: (default for 0, the most a request may ask for).
+_CONTEXT_TOKENS = (1_000, 100_000)
+_CONTEXT_NODES = (200, 1_000)
+_CONTEXT_CHARS = (50_000, 1_000_000)
+_MAX_ENTITY_CHARS = 200
 
 
 def _enum_name(enum: Enum, value: int, field: str, prefix: str) -> str:
@@ -255,7 +263,15 @@ class Validator:
             peek=request.peek,
             include_archived=request.include_archived,
             as_of=self.timestamp(request.as_of, "as_of") if request.HasField("as_of") else None,
+            min_band=self.band(request.min_band, "min_band"),
         )
+
+    def band(self, value: str, field: str) -> str:
+        """A confidence band to filter by, or ``""`` for none."""
+        if value and value not in BANDS:
+            allowed = ", ".join(repr(b) for b in ("", *BANDS))
+            raise InvalidArgumentError(f"{field}: must be one of {allowed}, got {value[:40]!r}")
+        return value
 
     def list_query(self, request: memory_service_pb2.ListMemoriesRequest) -> ListQuery:
         """A listing request as a command."""
@@ -317,6 +333,65 @@ class Validator:
             else "",
             clear_merge=request.clear_merge,
         )
+
+    def evaluate(self, request: memory_service_pb2.EvaluateRequest) -> tuple[str, str]:
+        """An evaluate request as (channel, text)."""
+        return self.channel(request.channel), self.text(request.text)
+
+    def share(self, request: memory_service_pb2.ShareRequest) -> tuple[str, str, str]:
+        """A share request as (source channel, memory id, target channel); a memory is
+        shared into another channel, never its own."""
+        channel = self.channel(request.channel)
+        memory_id = self.memory_id(request.id)
+        target = self.channel(request.target_channel, "target_channel")
+        if target == channel:
+            raise InvalidArgumentError(
+                f"target_channel: {target!r} is the memory's own channel; share into another"
+            )
+        return channel, memory_id, target
+
+    def feedback(
+        self, request: memory_service_pb2.FeedbackRequest
+    ) -> tuple[str, str, str, list[str]]:
+        """A feedback request as (channel, recall id, rating, memory ids named once each)."""
+        channel = self.channel(request.channel)
+        if not request.recall_id:
+            raise InvalidArgumentError("recall_id: give the recall_id a recall returned")
+        if not is_valid_id(request.recall_id):
+            raise InvalidArgumentError(f"recall_id: {request.recall_id[:40]!r} is not a recall id")
+        rating = _enum_name(
+            memory_service_pb2.FeedbackRating, request.rating, "rating", "FEEDBACK_RATING_"
+        )
+        if rating == "unspecified":
+            raise InvalidArgumentError("rating: say helpful, unhelpful or partial")
+        if len(request.memory_ids) > self.limits.max_limit:
+            raise InvalidArgumentError(
+                f"memory_ids: more than {self.limits.max_limit} (the most hits a recall has)"
+            )
+        ids = [self.memory_id(i, "memory_ids") for i in request.memory_ids]
+        return channel, request.recall_id, rating, list(dict.fromkeys(ids))
+
+    def context(self, request: memory_service_pb2.ContextRequest) -> ContextQuery:
+        """A Context request as a query; 0 means the default of each limit."""
+        return ContextQuery(
+            channel=self.channel(request.channel),
+            message=self.text(request.message, "message"),
+            token_budget=self.limit(request.token_budget, "token_budget", *_CONTEXT_TOKENS),
+            max_nodes=self.limit(request.max_nodes, "max_nodes", *_CONTEXT_NODES),
+            max_chars=self.limit(request.max_chars, "max_chars", *_CONTEXT_CHARS),
+            heat=request.heat,
+        )
+
+    def entity(self, value: str) -> str:
+        """An entity's name as a memory would spell it (case and spacing aside)."""
+        self.text(value, "entity")
+        if len(value) > _MAX_ENTITY_CHARS:
+            raise InvalidArgumentError(
+                f"entity: {len(value)} characters is over the limit of {_MAX_ENTITY_CHARS}"
+            )
+        if not entity_key(value):
+            raise InvalidArgumentError(f"entity: {value[:40]!r} names nothing")
+        return value
 
     def delta(self, value: float) -> float:
         """A heat delta in [-1, 1]."""

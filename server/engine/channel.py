@@ -61,7 +61,10 @@ class Channel:
     are in neither. ``schedule`` is a heap of the moments a memory's state changes by
     itself, so those changes are persisted when due without scanning the channel;
     ``cold_since_sweep`` counts the memories that turned COLD since the last
-    consolidation sweep.
+    consolidation sweep. ``revision`` counts the change lists applied (what is derived
+    from the view is current while it holds); ``arrivals`` counts those that may bring a
+    memory into a Context block that did not show it (a store, a re-embedded text, a
+    memory back in the live index, new settings): a reused block is stale once it moves.
     """
 
     name: str
@@ -77,6 +80,8 @@ class Channel:
     last_in_session: dict[str, tuple[str, float]] = field(default_factory=dict)
     schedule: list[tuple[float, str]] = field(default_factory=list)
     cold_since_sweep: int = 0
+    revision: int = 0
+    arrivals: int = 0
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
     _ids: list[str] = field(default_factory=list)
 
@@ -115,8 +120,9 @@ class Channel:
 
     def needs_vector(self, record: MemoryRecord) -> bool:
         """Whether a changed record enters an index that holds no embedding of it yet."""
-        target = self._index_for(record)
-        return target is not None and record.id not in self.index and record.id not in self.attic
+        if record.id in self.index or record.id in self.attic:
+            return False  # held already: a move between indexes brings its own vector
+        return self._index_for(record) is not None
 
     def ids_after(self, after_id: str) -> Iterator[str]:
         """Memory ids in order, starting after ``after_id``."""
@@ -129,7 +135,7 @@ class Channel:
         """Take a record read back from RocksDB (in id order) into the view."""
         self.records[record.id] = record
         self._ids.append(record.id)
-        self._name_entities(record, [])
+        self._name_entities(record, None)
         if record.session:
             self.last_in_session[record.session] = (record.id, record.created_at)
 
@@ -153,17 +159,24 @@ class Channel:
             if isinstance(op, AddMemory):
                 self._add(op.record)
                 new.append((op.record, op.vector))
+                self.arrivals += 1
             elif isinstance(op, PutMemory | Forget):
                 if any(r.id == op.record.id for r, _ in new):
                     self._index_new(new)
                     new = []
                 if isinstance(op, PutMemory):
+                    arriving = op.vector is not None or op.record.id not in self.index
                     self._put(op.record, op.vector)
+                    if arriving and op.record.id in self.index:
+                        self.arrivals += 1  # a new text, or back from the attic or a merge
                 else:
                     self._forget(op.record)
             else:
+                if isinstance(op, SetPolicy):
+                    self.arrivals += 1
                 self._apply_to_channel(op)
         self._index_new(new)
+        self.revision += 1
 
     def _apply_to_channel(self, op: Operation) -> None:
         match op:
@@ -184,7 +197,7 @@ class Channel:
     def _add(self, record: MemoryRecord) -> None:
         self.records[record.id] = record
         self._insert_id(record.id)
-        self._name_entities(record, [])
+        self._name_entities(record, None)
         if record.session:
             self.last_in_session[record.session] = (record.id, record.created_at)
         self._schedule(record)
@@ -192,7 +205,7 @@ class Channel:
     def _put(self, record: MemoryRecord, vector: np.ndarray | None) -> None:
         before = self.records.get(record.id)
         self.records[record.id] = record
-        self._name_entities(record, before.entities if before is not None else [])
+        self._name_entities(record, before)
         target = self._index_for(record)
         for index in (self.index, self.attic):
             if index is not target and record.id in index:
@@ -205,7 +218,7 @@ class Channel:
     def _forget(self, tombstone: MemoryRecord) -> None:
         before = self.records.get(tombstone.id)
         self.records[tombstone.id] = tombstone
-        self._name_entities(tombstone, before.entities if before is not None else [])
+        self._name_entities(tombstone, before)
         self.index.remove(tombstone.id)
         self.attic.remove(tombstone.id)
         self.graph.remove(tombstone.id)
@@ -221,19 +234,22 @@ class Channel:
         state = evolve(record, self.policy, self.clocks()).state
         return self.index if state in _LIVE else self.attic if state == ARCHIVED else None
 
-    def _name_entities(self, record: MemoryRecord, before: list[str]) -> None:
+    def _name_entities(self, record: MemoryRecord, before: MemoryRecord | None) -> None:
         """Entity membership: a memory is listed under each entity it names, unless merged
-        or forgotten."""
-        keep = set() if record.state in _UNNAMED else {entity_key(e) for e in record.entities}
-        for key in {entity_key(e) for e in before} - keep:
+        or forgotten (``before``: the record it replaces, if any)."""
+        named = record.state not in _UNNAMED
+        was_named = before is not None and before.state not in _UNNAMED
+        if before is not None and named == was_named and before.entities == record.entities:
+            return  # the common change (heat, counts, tags): membership stays as it is
+        keep = {entity_key(e) for e in record.entities} if named else set()
+        held = {entity_key(e) for e in before.entities} if was_named and before else set()
+        for key in held - keep:
             members = self.entity_members.get(key, [])
             if record.id in members:
                 members.remove(record.id)
         for key in dict.fromkeys(entity_key(e) for e in record.entities):
-            if key in keep:
-                members = self.entity_members.setdefault(key, [])
-                if record.id not in members[-1:] and record.id not in members:
-                    members.append(record.id)
+            if key in keep and key not in held:
+                self.entity_members.setdefault(key, []).append(record.id)
 
     def _insert_id(self, memory_id: str) -> None:
         if not self._ids or self._ids[-1] < memory_id:

@@ -11,7 +11,7 @@ changed, a dream reports zero changes.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -56,10 +56,15 @@ class DreamReport:
 
 
 class Dreamer:
-    """Runs dreams over a channel's live view; the caller holds the channel's lock."""
+    """Runs dreams over a channel's live view; the caller holds the channel's lock.
 
-    def __init__(self, store: MemoryStore) -> None:
+    ``after`` runs at the end of every dream, under the channel's lock: what is derived
+    from the view and refreshed in dreams (entity cards) is rebuilt there.
+    """
+
+    def __init__(self, store: MemoryStore, after: Callable[[Channel], None] | None = None) -> None:
         self._store = store
+        self._after = after
 
     def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
         """Dream once over the channel (or, for a consolidation sweep, its cold memories).
@@ -103,6 +108,8 @@ class Dreamer:
             with changing(self._store, channel) as change:
                 change.set_state(state)
                 change.log(event)
+            if self._after is not None:
+                self._after(channel)
         return report
 
     def add_entropy(self, channel: Channel, entropy: int) -> tuple[int, bool]:

@@ -16,14 +16,22 @@ import numpy as np
 
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
+from calor.server.engine.cards import EntityCard, EntityCards
 from calor.server.engine.changes import Bookkeeping, changing
 from calor.server.engine.channel import Channel
+from calor.server.engine.context import ContextBuilder, ContextQuery, ContextResult, TokenCounter
 from calor.server.engine.dream import Dreamer, DreamReport
-from calor.server.engine.recall_effects import recall_effects
+from calor.server.engine.evaluate import Evaluation, evaluate
+from calor.server.engine.feedback import TypeTally
+from calor.server.engine.ratings import Ratings
+from calor.server.engine.recall_effects import heated, recall_effects
+from calor.server.engine.recall_log import RecallEntry, RecallLog, logged_hits, new_recall_id
 from calor.server.engine.registry import ChannelRegistry
 from calor.server.engine.results import Current, RecallResult, Stored
+from calor.server.engine.share import shared_copy
 from calor.server.engine.storing import StorePipeline
-from calor.server.errors import InvalidArgumentError, NotFoundError
+from calor.server.engine.tuning import TuneReport
+from calor.server.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.recall.ranking import Hit, rank_channel, recall_window
 from calor.server.recall.temporal import TimeWindow
@@ -60,8 +68,13 @@ class MemoryEngine:
         self._clock = clock
         self.channels = ChannelRegistry(store, clock, policy)
         """Every channel's live view, and the reads over them (listing, status, ...)."""
-        self._dreamer = Dreamer(store)
+        self._cards = EntityCards()
+        self._contexts = ContextBuilder(self._cards)
+        self._dreamer = Dreamer(store, after=self._cards.refresh)
         self._storing = StorePipeline(self.channels, store, clock)
+        self.recall_log = RecallLog(store)
+        """Every channel's log of recalls (and context calls), which feedback names."""
+        self._ratings = Ratings(store, clock, self.channels, self.recall_log)
         self.background: Callable[[Callable[[], object]], object] = lambda work: work()
 
     @classmethod
@@ -84,10 +97,16 @@ class MemoryEngine:
     ) -> RecallResult:
         """Rank the memories of the caller's channel (and any it names) for a query.
 
-        Unless ``peek``, the returned memories of the caller's own channel are
-        recalled (heat bumped, stability multiplied, count raised), their heat
-        resonates to their neighbours, and the channel heats up; all made durable.
-        A channel never written to is read as an empty one and stays unwritten.
+        Unless ``peek``, the returned memories of the caller's own channel whose band
+        reaches the channel's ``heat_min_band`` are recalled (heat bumped, stability
+        multiplied, count raised) and their heat resonates to their neighbours: an
+        unrelated hit that only fills ``limit`` is not rewarded (relevance before heat).
+        The recall itself still warms the channel and counts as an interaction; all
+        made durable. ``min_band`` leaves out hits below that band.
+        Every hit returned is logged, in the same batch, under a new recall id that
+        feedback names (``recall_id``; empty for a peek, which logs nothing).
+        A channel never written to is read as an empty one and stays unwritten (and
+        its recall, logging nothing, has no recall id).
         ``inflight`` counts the calls the server is serving, this one included (the
         load gate reads it).
         """
@@ -113,11 +132,15 @@ class MemoryEngine:
                     hits.extend(self._rank(other, query, query_vector, window, mine=False))
         hits.sort(key=lambda h: (-h.score, h.record.id))
         hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
+        recall_id = ""
         if not query.peek and own is not None:
+            recall_id = new_recall_id(now)
+            logged = logged_hits(hits, own.name, self.channels.policy)
+            entry = RecallEntry(recall_id, now, tuple(logged))
             with own.lock:
-                self._recalled(own, [h for h in hits if h.record.channel == own.name])
+                self._recalled(own, [h for h in hits if h.record.channel == own.name], entry)
         memories = [self._current(h.record) for h in hits]
-        return RecallResult(hits, window, memories)
+        return RecallResult(hits, window, memories, recall_id)
 
     def _current(self, record: MemoryRecord) -> Current:
         """A memory of a hit as it stands now."""
@@ -142,11 +165,12 @@ class MemoryEngine:
             for h in rank(i, channel.records, policy, query, vector, window, clocks, mine)
         ]
 
-    def _recalled(self, channel: Channel, hits: list[Hit]) -> None:
-        """Bump the recalled memories, spread their heat, warm the channel; one batch."""
+    def _recalled(self, channel: Channel, hits: list[Hit], entry: RecallEntry) -> None:
+        """Bump the relevant hits (:func:`heated`), spread their heat, warm the channel,
+        and log the recall (``entry``, every hit it returned); one batch."""
         policy = channel.policy
         clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
-        effects = recall_effects(channel, [h.record.id for h in hits], policy, clocks)
+        effects = recall_effects(channel, heated(hits, policy), policy, clocks)
         with changing(self._store, channel) as change:
             for record in effects.changed.values():
                 change.put(record)
@@ -158,6 +182,7 @@ class MemoryEngine:
                     memory_event("on_recall", record, clocks.now, record.heat0, resonated=warmed)
                 )
             change.set_state(effects.state)
+            change.keep(self.recall_log.writes(channel.name, entry))
         for hit in hits:
             if hit.record.id in effects.changed:
                 hit.record = replace(effects.changed[hit.record.id])
@@ -399,6 +424,118 @@ class MemoryEngine:
                 for record in gone:
                     change.forget(record, now)
             return len(gone)
+
+    # --- context and entity cards ----------------------------------------------
+
+    def context(
+        self,
+        query: ContextQuery,
+        vector: np.ndarray | None,
+        count_tokens: TokenCounter,
+        inflight: int = 1,
+    ) -> ContextResult | None:
+        """The block an agent prepends to its prompt (DESIGN §8; see
+        :mod:`calor.server.engine.context`), with each shown memory as it stands.
+
+        ``vector`` is the message's embedding. Without it, only what needs no model is
+        answered (a block reused from the window, or the empty block of a channel never
+        written to); None asks the caller to embed the message and call again. Every
+        call that shows memories is logged in the recall log under a new ``recall_id``
+        (for Feedback); no heat changes unless ``heat``: then what the block shows is
+        recalled as a recall of those memories would be (relevant ones heated). Under
+        critical load (the load gate) the block holds fewer memories.
+        """
+        live = self.channels.find(query.channel)
+        if live is None:
+            return ContextResult()
+        with live.lock:
+            policy, now = live.policy, self._clock.now()
+            if query.heat:
+                live.state.check_ceiling(policy, now)
+            nodes = load_limit(policy, query.max_nodes, inflight)
+            result = self._contexts.assemble(live, query, vector, count_tokens, nodes)
+            if result is None:
+                return None
+            if result.items:  # logged for feedback, as a recall is; heated only if asked
+                hits = [replace(i.hit, record=i.hit.record.copy()) for i in result.items]
+                recall_id = new_recall_id(now)
+                logged = logged_hits(hits, live.name, self.channels.policy)
+                entry = RecallEntry(recall_id, now, tuple(logged))
+                if query.heat:
+                    self._recalled(live, hits, entry)
+                else:
+                    with changing(self._store, live) as change:
+                        change.keep(self.recall_log.writes(live.name, entry))
+                result = replace(result, recall_id=recall_id)
+            memories = [live.current(live.records[i.hit.record.id]) for i in result.items]
+            return replace(result, memories=memories)
+
+    def entity_card(self, channel: str, entity: str) -> tuple[EntityCard, list[Current]]:
+        """The card of an entity the channel's memories name (DESIGN §8), and its
+        memories as they stand; NOT_FOUND when fewer than five name it."""
+        live = self.channels.find(channel)
+        if live is None:
+            raise NotFoundError(f"no entity card for {entity!r}: channel {channel!r} is empty")
+        with live.lock:
+            card = self._cards.require(live, entity)
+            return card, [live.current(live.records[i]) for i in card.memory_ids]
+
+    # --- evaluate and share -----------------------------------------------------
+
+    def evaluate(self, channel: str, text: str, vector: np.ndarray) -> Evaluation:
+        """Check a text (embedded like a memory) against a channel's memories, reading
+        only: contradictions, preference drift, stale references (see
+        :mod:`calor.server.engine.evaluate`). A channel never written to has nothing
+        to go against: alignment 1.0."""
+        live = self.channels.find(channel)
+        if live is None:
+            return Evaluation(1.0)
+        with live.lock:
+            return evaluate(live, text, vector, live.policy.dreams.conflict_similarity)
+
+    def share(self, channel: str, memory_id: str, target: str, max_text_bytes: int) -> Stored:
+        """Copy a memory into ``target`` as a new memory of its own (see
+        :mod:`calor.server.engine.share`), stored through the store pipeline with the
+        source's embedding. NOT_FOUND for an unknown or forgotten memory;
+        INVALID_ARGUMENT when the prefixed copy would be over ``max_text_bytes``."""
+        live = self.channels.existing(channel, memory_id)
+        with live.lock:
+            record = self._get(live, memory_id)
+            if record.state == DELETED:
+                raise NotFoundError(f"memory {memory_id} was forgotten")
+            item = shared_copy(live.evolved(record), target)
+            vector = self._store.get_vector(channel, memory_id)
+        size = len(item.text.encode())
+        if size > max_text_bytes:
+            raise InvalidArgumentError(
+                f"id: the shared copy of {memory_id} would be {size} bytes with its prefix,"
+                f" over the limit of {max_text_bytes}"
+            )
+        if vector is None:  # every memory not forgotten has one; `calor check` restores it
+            raise FailedPreconditionError(
+                f"memory {memory_id} has no stored embedding; run `calor check --fix`"
+            )
+        [stored] = self._storing.store([item], vector.reshape(1, -1))
+        return stored
+
+    # --- feedback and tuning ---------------------------------------------------
+
+    def feedback(
+        self, channel: str, recall_id: str, rating: str, memory_ids: Sequence[str]
+    ) -> dict[str, TypeTally]:
+        """Rate a logged recall (see :mod:`calor.server.engine.feedback`); the channel's
+        per-type tallies of the last 30 days. NOT_FOUND for an unknown recall id."""
+        return self._ratings.give(channel, recall_id, rating, memory_ids)
+
+    def feedback_by_type(self, channel: str) -> dict[str, TypeTally]:
+        """A channel's feedback tallies per memory type over the last 30 days."""
+        return self._ratings.by_type(channel)
+
+    def tune(self, channel: str, dry_run: bool) -> TuneReport:
+        """Fit a channel's recall weights to its feedback (see
+        :mod:`calor.server.engine.tuning`); applied, unless ``dry_run``, only when they
+        agree better with held-back feedback. FAILED_PRECONDITION under 20 rated recalls."""
+        return self._ratings.tune(channel, dry_run)
 
     # --- dreams ----------------------------------------------------------------
 

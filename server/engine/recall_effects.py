@@ -1,13 +1,17 @@
 """What a recall does to a channel (DESIGN §3): bumps, resonance along the graph, channel heat.
 
+Only relevant hits are heated (relevance before heat): see :func:`heated`.
+
 Computed on copies, without writing: the engine persists the outcome in one batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from calor.server.engine.channel import Channel
+from calor.server.recall.ranking import Hit, reaches
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.graph import Reach, resonance
@@ -21,7 +25,7 @@ from calor.server.thermo.lifecycle import (
 )
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["RecallEffects", "recall_effects"]
+__all__ = ["RecallEffects", "heated", "recall_effects"]
 
 _LIVE = frozenset({ACTIVE, COLD})
 _NEAR_CAP = 1.0 - 1e-4
@@ -34,6 +38,12 @@ class RecallEffects:
     recalled: list[str]
     changed: dict[str, MemoryRecord]
     state: ChannelState
+
+
+def heated(hits: Sequence[Hit], policy: ChannelPolicy) -> list[str]:
+    """The ids of the hits a recall heats: those whose confidence band reaches the
+    channel's ``heat_min_band``, so a hit that only fills the limit is not rewarded."""
+    return [hit.record.id for hit in hits if reaches(hit.band, policy.heat_min_band)]
 
 
 def recall_effects(

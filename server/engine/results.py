@@ -45,12 +45,13 @@ class Stored:
 
 @dataclass(frozen=True)
 class RecallResult:
-    """Ranked hits, the time window the query named (if any), and each hit's memory as
-    it stands after the recall."""
+    """Ranked hits, the time window the query named (if any), each hit's memory as it
+    stands after the recall, and the id the recall was logged under ("" if it was not)."""
 
     hits: list[Hit]
     window: TimeWindow | None
     memories: list[Current] = field(default_factory=list)  # each hit's memory, as it stands
+    recall_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.gates import fidelity_admits
 from calor.server.thermo.heat import SOURCE_TRUST
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
-from calor.server.thermo.policy import ChannelPolicy, ConfidenceBands
+from calor.server.thermo.policy import BANDS, ChannelPolicy, ConfidenceBands
 
-__all__ = ["Hit", "band", "candidate_pool", "rank_channel", "recall_window"]
+__all__ = ["Hit", "band", "candidate_pool", "rank_channel", "reaches", "recall_window"]
 
 _SEARCHABLE = frozenset({ACTIVE, COLD})
 _ARCHIVE_TOO = frozenset({ACTIVE, COLD, ARCHIVED})
@@ -74,6 +74,11 @@ def band(similarity: float, keyword: float, bands: ConfidenceBands) -> str:
     ):
         return "mid"
     return "low"
+
+
+def reaches(confidence: str, least: str) -> bool:
+    """Whether a confidence band is ``least`` or stronger (``""`` is reached by any)."""
+    return not least or BANDS.index(confidence) >= BANDS.index(least)
 
 
 def recall_window(query: RecallQuery, now: float) -> TimeWindow | None:
@@ -153,6 +158,8 @@ def rank_channel(
             + trust
         )
         confidence = band(sim, keyword, policy.bands)
+        if not reaches(confidence, query.min_band):
+            continue
         hits.append(Hit(record, score, sim, keyword, boost, heat, bonus, words, trust, confidence))
     return hits
 

@@ -21,6 +21,9 @@ Schema version 2. Keys are raw bytes; channel names never hold NUL (``\\0`` belo
     s:cursor                           the trigger dispatcher's place in the log JSON
     s:watermark                        time up to which decay crossings were handled
     o:<idempotency key>                a webhook delivery not yet finished JSON
+    r:<channel>\\0<recall id>           a recall's logged hits and their signals JSON (recall log)
+    g:<channel>\\0<recall id>           the last feedback on that recall JSON
+    q:<channel>                        the channel's recall log tally JSON {entries}
 
 Every key is built and parsed here (:class:`Keys` and the readers of
 :class:`MemoryStore`); other modules name keys only through :class:`Keys`. Every write
@@ -156,6 +159,21 @@ class Keys:
     def delivery(idempotency_key: str) -> bytes:
         """A webhook delivery in the outbox."""
         return b"o:" + idempotency_key.encode()
+
+    @staticmethod
+    def recall(channel: str, recall_id: str) -> bytes:
+        """One logged recall of a channel (recall ids sort by time)."""
+        return _join(b"r:", channel, recall_id)
+
+    @staticmethod
+    def feedback(channel: str, recall_id: str) -> bytes:
+        """The feedback given on one logged recall."""
+        return _join(b"g:", channel, recall_id)
+
+    @staticmethod
+    def recall_tally(channel: str) -> bytes:
+        """How many recalls a channel's recall log holds."""
+        return b"q:" + channel.encode()
 
 
 def _vector_bytes(vector: np.ndarray) -> bytes:
@@ -437,6 +455,34 @@ class MemoryStore:
         """Every webhook delivery in the outbox (JSON), in key order."""
         for _, value in self._scan(b"o:"):
             yield value
+
+    # --- the recall log and its feedback -------------------------------------------
+
+    def recall_entry(self, channel: str, recall_id: str) -> bytes | None:
+        """One logged recall's JSON, or None."""
+        return self.get(Keys.recall(channel, recall_id))
+
+    def oldest_recall_ids(self, channel: str, limit: int) -> list[str]:
+        """The ids of a channel's oldest logged recalls, oldest first, at most ``limit``."""
+        self._check_open()
+        prefix = Keys.recall(channel, "")
+        found: list[str] = []
+        for key in self._db.keys(from_key=prefix):
+            raw_key = cast(bytes, key)
+            if len(found) >= limit or not raw_key.startswith(prefix):
+                break
+            found.append(raw_key[len(prefix) :].decode())
+        return found
+
+    def recall_tally(self, channel: str) -> bytes | None:
+        """The channel's recall log tally JSON, or None before its first logged recall."""
+        return self.get(Keys.recall_tally(channel))
+
+    def feedback_entries(self, channel: str, since_id: str = "") -> Iterator[tuple[str, bytes]]:
+        """A channel's feedback as (recall id, JSON), in recall id order, from ``since_id``."""
+        prefix = Keys.feedback(channel, "")
+        for key, value in self._scan(prefix, start=Keys.feedback(channel, since_id)):
+            yield key[len(prefix) :].decode(), value
 
     def get(self, key: bytes) -> bytes | None:
         """The value under one key built by :class:`Keys`, or None."""

@@ -1,0 +1,156 @@
+"""``calor mcp``: Calor's memory tools for agent hosts, over the Model Context Protocol on stdio.
+
+The host starts ``calor mcp`` as a child process and speaks MCP on its stdin and
+stdout; each tool call becomes one gRPC call to a Calor server through
+:class:`~calor.client.AsyncCalorClient`. A call the server refuses comes back as a
+tool error (``is_error``) carrying the server's status and message, so the model
+can read it and correct itself; the MCP server itself keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import anyio
+import grpc
+import grpc.aio
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from calor.client._mcp_tools import TOOLS, Reply, ToolSpec
+from calor.client.aio import AsyncCalorClient
+from calor.client.errors import CalorClientError, UnavailableError
+
+__all__ = ["McpOptions", "build_server", "call_tool", "open_channel", "run"]
+
+_log = logging.getLogger("calor.client.mcp")
+
+INSTRUCTIONS = """\
+Calor is this agent's long-term memory. Memories have a heat that fades with time and
+grows each time they are recalled, so what keeps being used stays at hand.
+- Before answering, call memory_context with the user's message (or memory_recall with
+  a question) to see what is known.
+- When you learn something worth keeping (a fact about the user, a preference, a
+  decision, what happened), call memory_store with one self-contained statement.
+- Before saying something that depends on what is known, memory_evaluate checks it.
+- memory_forget removes what is wrong; memory_keystone pins what must never fade."""
+
+
+@dataclass(frozen=True)
+class McpOptions:
+    """How ``calor mcp`` reaches its Calor server.
+
+    Attributes:
+        target: The server's ``host:port``.
+        channel: The channel tools work in when a call names none.
+        timeout: Seconds each gRPC call may take; None waits for ever.
+    """
+
+    target: str
+    channel: str
+    timeout: float | None = 30.0
+    # Access control (a later issue) adds the caller's API key here, from --api-key or
+    # CALOR_API_KEY; open_channel sends it with every call as metadata.
+
+
+def open_channel(options: McpOptions) -> grpc.aio.Channel:
+    """The gRPC channel every tool calls through.
+
+    Credentials join here once the server checks them: an interceptor adding the
+    API key to each call's metadata.
+    """
+    return grpc.aio.insecure_channel(options.target)
+
+
+def _result(reply: Reply) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=reply.text)],
+        structured_content=reply.data,
+    )
+
+
+def _error(code: str, message: str, hint: str = "") -> types.CallToolResult:
+    """A tool error: ``CODE: message`` for the model, and the same as data."""
+    text = f"{code}: {message}" + (f"\n{hint}" if hint else "")
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content={"error": {"code": code, "message": message}},
+        is_error=True,
+    )
+
+
+def _bad_arguments(err: ValidationError) -> str:
+    """What was wrong with a tool's arguments, one clause per argument."""
+    clauses: dict[str, str] = {}
+    for problem in err.errors(include_url=False):
+        # An optional argument's "or None" branch reports too; its first problem says it.
+        name = str(problem["loc"][0]) if problem["loc"] else "arguments"
+        clauses.setdefault(name, f"{name}: {problem['msg']}")
+    return "; ".join(clauses.values())
+
+
+async def call_tool(
+    spec: ToolSpec[Any], calor: AsyncCalorClient, arguments: dict[str, Any]
+) -> types.CallToolResult:
+    """Make one tool's call and say how it went, a refusal included, as a tool result."""
+    try:
+        reply = await spec.call(calor, arguments)
+    except ValidationError as err:
+        return _error(grpc.StatusCode.INVALID_ARGUMENT.name, _bad_arguments(err))
+    except CalorClientError as err:
+        _log.info("%s failed: %s", spec.name, err)
+        hint = ""
+        if isinstance(err, UnavailableError):
+            hint = f"(is a Calor server running at {calor.target}? `calor serve` starts one)"
+        return _error(err.code.name, err.details, hint)
+    return _result(reply)
+
+
+def build_server(calor: AsyncCalorClient) -> Server[Any]:
+    """The MCP server that lists :data:`~calor.client._mcp_tools.TOOLS` and calls them."""
+    by_name = {spec.name: spec for spec in TOOLS}
+    listing = types.ListToolsResult(tools=[spec.tool() for spec in TOOLS])
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return listing
+
+    async def on_call(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        spec = by_name.get(params.name)
+        if spec is None:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name!r}")
+        return await call_tool(spec, calor, params.arguments or {})
+
+    return Server(
+        "calor",
+        version=metadata.version("calor"),
+        title="Calor memory",
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=on_call,
+    )
+
+
+async def _serve(options: McpOptions) -> None:
+    async with open_channel(options) as channel:
+        calor = AsyncCalorClient(
+            options.target, channel=options.channel, timeout=options.timeout, grpc_channel=channel
+        )
+        server = build_server(calor)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def run(options: McpOptions) -> None:
+    """Serve MCP on stdin and stdout until the host closes stdin."""
+    anyio.run(_serve, options)

@@ -1,0 +1,391 @@
+"""The tools ``calor mcp`` offers: the calls they make and what they answer.
+
+Each tool is one :class:`ToolSpec`: a name, a description written for the model that
+will call it, the model of its arguments (:mod:`calor.client._mcp_arguments`), and a
+coroutine that makes the call through :class:`~calor.client.AsyncCalorClient` and says
+what came back, as short text for the model and as structured data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from mcp import types
+
+from calor.client import _render
+from calor.client._mcp_arguments import (
+    Arguments,
+    ContextArguments,
+    EvaluateArguments,
+    ExportArguments,
+    ForgetArguments,
+    IdArguments,
+    KeystoneArguments,
+    RecallArguments,
+    StoreArguments,
+    input_schema,
+)
+from calor.client._transfer import export_total
+from calor.client.aio import AsyncCalorClient
+from calor.v1 import memory_service_pb2
+
+__all__ = [
+    "TOOLS",
+    "Reply",
+    "ToolSpec",
+    "context_text",
+    "dream_text",
+    "evaluation_text",
+    "export_sections",
+]
+
+
+class Reply(NamedTuple):
+    """What a tool answers: text for the model to read, and the same as structured data."""
+
+    text: str
+    data: dict[str, Any]
+
+
+# --- the calls ------------------------------------------------------------------------------
+
+
+def _data(message: Message) -> dict[str, Any]:
+    """A message as JSON-ready data, every field present, proto field names kept."""
+    data: dict[str, Any] = MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+    return data
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+async def _store(calor: AsyncCalorClient, a: StoreArguments) -> Reply:
+    memory = await calor.store(
+        a.text,
+        channel=a.channel,
+        idempotency_key=a.idempotency_key,
+        memory_type=a.memory_type,
+        importance=a.importance,
+        keystone=a.keystone,
+        tags=a.tags,
+        source=a.source,
+        confidence=a.confidence,
+    )
+    return Reply(_render.stored(memory), {"memory": _data(memory)})
+
+
+async def _recall(calor: AsyncCalorClient, a: RecallArguments) -> Reply:
+    response = await calor.recall(
+        a.query,
+        channel=a.channel,
+        limit=a.limit,
+        memory_types=a.memory_types,
+        include_archived=a.include_archived,
+        peek=a.peek,
+    )
+    return Reply(_render.recalled(response), _data(response))
+
+
+def context_text(response: memory_service_pb2.ContextResponse) -> str:
+    """A context block with a line above it saying what it holds."""
+    if not response.items and not response.block:
+        return "no memories for this message"
+    reused = ", reused" if response.reused else ""
+    head = (
+        f"context: {_count(len(response.items), 'memory', 'memories')}, "
+        f"{response.tokens_used} tokens{reused}"
+    )
+    return f"{head}\n\n{response.block}"
+
+
+async def _context(calor: AsyncCalorClient, a: ContextArguments) -> Reply:
+    response = await calor.context(
+        a.message,
+        channel=a.channel,
+        token_budget=a.token_budget,
+        heat=a.heat,
+        max_nodes=a.max_nodes,
+        max_chars=a.max_chars,
+    )
+    return Reply(context_text(response), _data(response))
+
+
+async def _inspect(calor: AsyncCalorClient, a: IdArguments) -> Reply:
+    response = await calor.inspect(a.id, channel=a.channel)
+    return Reply(_render.inspected(response), _data(response))
+
+
+async def _forget(calor: AsyncCalorClient, a: ForgetArguments) -> Reply:
+    count = await calor.forget(a.ids, channel=a.channel)
+    return Reply(f"forgot {_count(count, 'memory', 'memories')}", {"forgotten": count})
+
+
+async def _keystone(calor: AsyncCalorClient, a: KeystoneArguments) -> Reply:
+    memory = await calor.keystone(a.id, on=a.keystone, channel=a.channel)
+    verb = "pinned" if a.keystone else "unpinned"
+    return Reply(f"{verb} {_render.memory_line(memory)}", {"memory": _data(memory)})
+
+
+def evaluation_text(response: memory_service_pb2.EvaluateResponse) -> str:
+    """The alignment, then one line per issue naming the memory behind it."""
+    if not response.issues:
+        lines = [f"alignment {response.alignment:.2f}: no issues found"]
+    else:
+        lines = [
+            f"alignment {response.alignment:.2f}: {_count(len(response.issues), 'issue', 'issues')}"
+        ]
+        lines.extend(
+            f"- {issue.kind} with {issue.memory_id} (similarity {issue.similarity:.2f}): "
+            f"{issue.message}"
+            for issue in response.issues
+        )
+    if response.stored_ids:
+        lines.append(f"stored as findings: {', '.join(response.stored_ids)}")
+    return "\n".join(lines)
+
+
+async def _evaluate(calor: AsyncCalorClient, a: EvaluateArguments) -> Reply:
+    response = await calor.evaluate(a.text, channel=a.channel, store_findings=a.store_findings)
+    return Reply(evaluation_text(response), _data(response))
+
+
+async def _status(calor: AsyncCalorClient, a: Arguments) -> Reply:
+    response = await calor.identity(channel=a.channel)
+    return Reply(_render.identity(response, a.channel or calor.channel), _data(response))
+
+
+def dream_text(report: memory_service_pb2.DreamResponse) -> str:
+    """A dream report on one line: what each step changed, the channel's heat, the time."""
+    steps = ("migrated", "merged", "keystoned", "promoted", "echoed", "pruned", "archived")
+    counts = ", ".join(f"{step} {getattr(report, step)}" for step in steps)
+    return (
+        f"dreamed: {counts}, {_count(report.conflicts, 'conflict', 'conflicts')}; channel heat "
+        f"{report.channel_heat_before:.2f} -> {report.channel_heat_after:.2f} "
+        f"({report.duration_ms} ms)"
+    )
+
+
+async def _dream(calor: AsyncCalorClient, a: Arguments) -> Reply:
+    report = await calor.dream(channel=a.channel)
+    return Reply(dream_text(report), _data(report))
+
+
+_FENCE_OPENING = re.compile(r"(`{3,})text")
+
+
+def export_sections(markdown: str) -> list[str]:
+    """An export chunk cut before each memory section (a ``## `` line outside a fence).
+
+    A memory's text sits in a fence longer than any backtick run in it, so no line of
+    the text can pass for the start of a section.
+    """
+    cuts: list[int] = []
+    fence: str | None = None
+    offset = 0
+    for line in markdown.split("\n"):
+        if fence is None:
+            opening = _FENCE_OPENING.fullmatch(line)
+            if opening:
+                fence = opening.group(1)
+            elif line.startswith("## ") and offset:
+                cuts.append(offset)
+        elif line == fence:
+            fence = None
+        offset += len(line) + 1
+    return [markdown[a:b] for a, b in pairwise([0, *cuts, len(markdown)])]
+
+
+async def _export(calor: AsyncCalorClient, a: ExportArguments) -> Reply:
+    kept: list[str] = []  # the header, then one section per memory
+    chars = 0
+    total: int | None = None
+    truncated = False
+    stream = calor.export(channel=a.channel, include_archived=a.include_archived)
+    try:
+        async for chunk in stream:
+            if not kept:  # the header comes first and is always kept
+                total = export_total(chunk.markdown)
+                sections = [chunk.markdown]
+            else:
+                sections = export_sections(chunk.markdown)
+            for section in sections:
+                if kept and chars + len(section) > a.max_chars:
+                    truncated = True
+                    break
+                kept.append(section)
+                chars += len(section)
+            if truncated:
+                break
+    finally:
+        await stream.aclose()  # cancels the call when stopped early
+    markdown = "".join(kept)
+    shown = max(len(kept) - 1, 0)
+    text = markdown
+    if truncated:
+        of = f" of {total}" if total is not None else ""
+        text += f"\n\n[truncated at {a.max_chars} characters: {shown}{of} memories shown]"
+    data = {"markdown": markdown, "memories": shown, "total": total, "truncated": truncated}
+    return Reply(text, data)
+
+
+# --- the catalogue --------------------------------------------------------------------------
+
+A = TypeVar("A", bound=Arguments)
+
+
+@dataclass(frozen=True)
+class ToolSpec(Generic[A]):
+    """One tool: what hosts are told about it and the call it makes.
+
+    Attributes:
+        name: The tool's name.
+        title: A short human-readable name.
+        description: What it does and when to use it, for the model.
+        arguments: The model its arguments are checked against (and their schema).
+        run: The call, given checked arguments.
+        read_only: It changes nothing.
+        destructive: It may remove or overwrite what is there.
+        idempotent: Calling it again with the same arguments changes nothing more.
+    """
+
+    name: str
+    title: str
+    description: str
+    arguments: type[A]
+    run: Callable[[AsyncCalorClient, A], Awaitable[Reply]]
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+
+    def tool(self) -> types.Tool:
+        """How the tool is listed to hosts."""
+        return types.Tool(
+            name=self.name,
+            title=self.title,
+            description=self.description,
+            input_schema=input_schema(self.arguments),
+            annotations=types.ToolAnnotations(
+                title=self.title,
+                read_only_hint=self.read_only,
+                destructive_hint=self.destructive,
+                idempotent_hint=self.idempotent,
+                open_world_hint=False,
+            ),
+        )
+
+    async def call(self, calor: AsyncCalorClient, arguments: Mapping[str, Any]) -> Reply:
+        """Check the arguments and make the call.
+
+        Raises:
+            pydantic.ValidationError: The arguments do not fit the schema.
+            CalorClientError: The server refused or failed the call.
+        """
+        return await self.run(calor, self.arguments.model_validate(dict(arguments)))
+
+
+TOOLS: tuple[ToolSpec[Any], ...] = (
+    ToolSpec(
+        "memory_store",
+        "Store a memory",
+        "Remember something for later: a fact about the user, a decision, what happened, "
+        "how to do something. Store one self-contained statement per call. Returns the new "
+        "memory's id, type and heat.",
+        StoreArguments,
+        _store,
+    ),
+    ToolSpec(
+        "memory_recall",
+        "Recall memories",
+        "Find the memories that answer a question, ranked by meaning and heat (how recently "
+        "and often they were used). Each hit shows its score, confidence band (high, mid, "
+        "low), id, type, heat and text. Recalling warms what it returns unless peek is set.",
+        RecallArguments,
+        _recall,
+    ),
+    ToolSpec(
+        "memory_context",
+        "Build a context block",
+        "Build the block of memories to put before answering a message: what is relevant to "
+        "it, the hottest memories, and the user's profile (core facts, facts, preferences), "
+        "packed into a token budget. The same memories give the same text.",
+        ContextArguments,
+        _context,
+    ),
+    ToolSpec(
+        "memory_inspect",
+        "Inspect a memory",
+        "Show one memory by id, in any state, with its heat, stability, recalls, tags, "
+        "entities and its links to other memories.",
+        IdArguments,
+        _inspect,
+        read_only=True,
+    ),
+    ToolSpec(
+        "memory_forget",
+        "Forget memories",
+        "Forget memories by id, for good: they are no longer recalled. Use it for what is "
+        "wrong or what the user asks to be forgotten. Returns how many were forgotten.",
+        ForgetArguments,
+        _forget,
+        destructive=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        "memory_keystone",
+        "Pin or unpin a memory",
+        "Pin a memory as a keystone so that its heat never decays (keystone true), or unpin "
+        "it (keystone false). Pin what must never be forgotten.",
+        KeystoneArguments,
+        _keystone,
+        idempotent=True,
+    ),
+    ToolSpec(
+        "memory_evaluate",
+        "Check a text against memory",
+        "Check what you are about to say against the memories: contradictions, drift from "
+        "the user's preferences, references to what newer memories superseded. Returns an "
+        "alignment score (0..1) and each issue with the memory behind it.",
+        EvaluateArguments,
+        _evaluate,
+    ),
+    ToolSpec(
+        "memory_status",
+        "Channel status",
+        "The channel's status: how many memories by state and type, the channel's heat, "
+        "active gates and open conflicts between memories.",
+        Arguments,
+        _status,
+        read_only=True,
+    ),
+    ToolSpec(
+        "memory_dream",
+        "Consolidate memories",
+        "Consolidate the channel now: merge near-duplicates, open conflicts between memories "
+        "that disagree, promote keystones and types, archive the stale. Returns what each "
+        "step changed.",
+        Arguments,
+        _dream,
+    ),
+    ToolSpec(
+        "memory_export",
+        "Export memories",
+        "The channel's memories as Markdown, one section per memory with its type, heat and "
+        "tags, up to max_chars characters.",
+        ExportArguments,
+        _export,
+        read_only=True,
+    ),
+)
+"""Every tool ``calor mcp`` serves, in the order hosts list them."""
