@@ -234,6 +234,24 @@ class AsyncCalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return await self._stub.Evaluate(request, timeout=self.timeout)
 
+    async def share(
+        self, memory_id: str, target_channel: str, *, channel: str | None = None
+    ) -> memory_pb2.Memory:
+        """Copy a memory into another channel; see :meth:`CalorClient.share`."""
+        request = memory_service_pb2.ShareRequest(
+            channel=self._in(channel), id=memory_id, target_channel=target_channel
+        )
+        with translate_rpc_errors():
+            return (await self._stub.Share(request, timeout=self.timeout)).memory
+
+    async def entity_card(
+        self, entity: str, *, channel: str | None = None
+    ) -> memory_service_pb2.EntityCardResponse:
+        """An entity's card; see :meth:`CalorClient.entity_card`."""
+        request = memory_service_pb2.EntityCardRequest(channel=self._in(channel), entity=entity)
+        with translate_rpc_errors():
+            return await self._stub.EntityCard(request, timeout=self.timeout)
+
     async def dream(self, *, channel: str | None = None) -> memory_service_pb2.DreamResponse:
         """Consolidate a channel now; see :meth:`CalorClient.dream`."""
         request = memory_service_pb2.DreamRequest(channel=self._in(channel))

@@ -20,6 +20,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from calor.client import _render
+from calor.client._cli_agent import add_agent_commands
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._cli_tune import add_tune_command
@@ -552,6 +553,7 @@ def _parser() -> argparse.ArgumentParser:
     add_transfer_commands(commands, shared)
     add_trigger_commands(commands, shared)
     add_tune_command(commands, shared)
+    add_agent_commands(commands, shared)
     return parser
 
 

@@ -332,6 +332,37 @@ class CalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return self._stub.Evaluate(request, timeout=self.timeout)
 
+    def share(
+        self, memory_id: str, target_channel: str, *, channel: str | None = None
+    ) -> memory_pb2.Memory:
+        """Copy a memory into another channel, prefixed ``[Shared by CHANNEL]``, with
+        provenance; the copy is a new memory with its own heat.
+
+        Returns:
+            The copy, in ``target_channel``.
+        """
+        request = memory_service_pb2.ShareRequest(
+            channel=self._in(channel), id=memory_id, target_channel=target_channel
+        )
+        with translate_rpc_errors():
+            return self._stub.Share(request, timeout=self.timeout).memory
+
+    def entity_card(
+        self, entity: str, *, channel: str | None = None
+    ) -> memory_service_pb2.EntityCardResponse:
+        """What the channel knows about an entity its memories name at least five times.
+
+        Returns:
+            The card's ``memories`` (core, facts and preferences first) and its rendered
+            ``card`` text.
+
+        Raises:
+            NotFoundError: Fewer than five memories name the entity.
+        """
+        request = memory_service_pb2.EntityCardRequest(channel=self._in(channel), entity=entity)
+        with translate_rpc_errors():
+            return self._stub.EntityCard(request, timeout=self.timeout)
+
     def dream(self, *, channel: str | None = None) -> memory_service_pb2.DreamResponse:
         """Consolidate a channel now: migrate, merge, promote, prune, archive.
 
