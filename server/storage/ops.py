@@ -40,6 +40,8 @@ __all__ = [
     "Unlink",
     "decode",
     "encode",
+    "vector_bytes",
+    "vector_from",
 ]
 
 
@@ -206,16 +208,26 @@ _NAMES: dict[type, str] = {
 _TYPES = {name: kind for kind, name in _NAMES.items()}
 
 
+def vector_bytes(vector: np.ndarray) -> bytes:
+    """An embedding as stored and carried: float32, little-endian."""
+    return np.ascontiguousarray(vector, dtype="<f4").tobytes()
+
+
+def vector_from(data: bytes) -> np.ndarray:
+    """An embedding from :func:`vector_bytes`."""
+    return np.frombuffer(data, dtype="<f4").astype(np.float32)
+
+
 def _vector_out(vector: np.ndarray | None) -> str | None:
     if vector is None:
         return None
-    return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode()
+    return base64.b64encode(vector_bytes(vector)).decode()
 
 
 def _vector_in(text: str | None) -> np.ndarray | None:
     if text is None:
         return None
-    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
+    return vector_from(base64.b64decode(text))
 
 
 def _bytes_out(data: bytes) -> str:

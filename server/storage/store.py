@@ -64,6 +64,8 @@ from calor.server.storage.ops import (
     SettleConflict,
     StageVector,
     Unlink,
+    vector_bytes,
+    vector_from,
 )
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
@@ -176,10 +178,6 @@ class Keys:
         return b"q:" + channel.encode()
 
 
-def _vector_bytes(vector: np.ndarray) -> bytes:
-    return np.ascontiguousarray(vector, dtype="<f4").tobytes()
-
-
 def _put_ops(batch: rocksdict.WriteBatch, change: ChangeList, events: list[EventRecord]) -> None:
     """Add one change list's keys to ``batch``; its events go to ``events`` for numbering."""
     for op in change.ops:
@@ -200,18 +198,18 @@ def _put_memory_op(
         case AddMemory(record, vector, staged):
             batch.put(Keys.memory(name, record.id), record.to_json())
             if not staged:
-                batch.put(Keys.vector(name, record.id), _vector_bytes(vector))
+                batch.put(Keys.vector(name, record.id), vector_bytes(vector))
             if record.idempotency_key:
                 batch.put(Keys.idempotency(name, record.idempotency_key), record.id.encode())
         case PutMemory(record, vector):
             batch.put(Keys.memory(name, record.id), record.to_json())
             if vector is not None:
-                batch.put(Keys.vector(name, record.id), _vector_bytes(vector))
+                batch.put(Keys.vector(name, record.id), vector_bytes(vector))
         case Forget(record):
             batch.put(Keys.memory(name, record.id), record.to_json())
             batch.delete(Keys.vector(name, record.id))
         case StageVector(memory_id, vector):
-            batch.put(Keys.vector(name, memory_id), _vector_bytes(vector))
+            batch.put(Keys.vector(name, memory_id), vector_bytes(vector))
         case DropVector(memory_id):
             batch.delete(Keys.vector(name, memory_id))
 
@@ -359,7 +357,7 @@ class MemoryStore:
         """The embedding of one memory, or None."""
         self._check_open()
         data = self._db.get(Keys.vector(channel, memory_id))
-        return None if data is None else np.frombuffer(data, dtype="<f4").astype(np.float32)
+        return None if data is None else vector_from(data)
 
     def idempotent_id(self, channel: str, key: str) -> str | None:
         """The id a store with this idempotency key made in this channel, if any."""
