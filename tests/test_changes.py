@@ -239,3 +239,20 @@ def test_event_numbers_go_on_after_retention_emptied_the_log(
         assert [e.seq for e in store.events_after(0)] == [4], "a subscriber's cursor stays valid"
     finally:
         store.close()
+
+
+def test_the_view_names_the_memories_recent_changes_touched(
+    embedder: OnnxEmbedder, opened: MemoryStore
+) -> None:
+    engine = MemoryEngine.open(opened, ManualClock(START), ChannelPolicy())
+    first, second = put(engine, embedder, "The kettle is blue.", "The mug is red.")
+    channel = engine.channels.find(CHANNEL)
+    assert channel is not None
+    mark = channel.revision
+    assert channel.touched_since(mark) == set()
+    engine.keystone(CHANNEL, first, True)
+    engine.forget(CHANNEL, [second])
+    [third] = put(engine, embedder, "The teapot is green.")
+    assert channel.touched_since(mark) == {first, second, third}
+    assert channel.touched_since(mark + 1) == {second, third}
+    assert channel.touched_since(-1) is None and channel.touched_since(channel.revision + 1) is None

@@ -231,6 +231,8 @@ def test_the_same_request_on_an_unchanged_channel_reuses_the_byte_identical_bloc
     assert (first.reused, second.reused) == (False, True)
     assert second.tokens_used == first.tokens_used and shown(second) == shown(first)
     assert not other_budget.reused, "other limits make another block"
+    assert first.recall_id and second.recall_id == first.recall_id, "one block, one log entry"
+    assert other_budget.recall_id not in ("", first.recall_id)
 
 
 def test_the_same_memories_render_the_same_text_without_the_window(

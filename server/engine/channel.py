@@ -11,6 +11,7 @@ import bisect
 import heapq
 import math
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ __all__ = ["Channel", "conflict_pair"]
 _LIVE = frozenset({ACTIVE, COLD})
 # Memories in these states name their entities no more: nothing links to them.
 _UNNAMED = frozenset({DELETED, MERGED})
+# How many change lists back the channel remembers which memories each one touched.
+_TOUCHED_KEPT = 512
 
 
 def conflict_pair(a: str, b: str) -> tuple[str, str]:
@@ -65,6 +68,7 @@ class Channel:
     from the view is current while it holds); ``arrivals`` counts those that may bring a
     memory into a Context block that did not show it (a store, a re-embedded text, a
     memory back in the live index, new settings): a reused block is stale once it moves.
+    :meth:`touched_since` names the memories the latest change lists touched.
     """
 
     name: str
@@ -84,6 +88,7 @@ class Channel:
     arrivals: int = 0
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
     _ids: list[str] = field(default_factory=list)
+    _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
 
     def __post_init__(self) -> None:
         self.index = ChannelIndex(self.dim)
@@ -124,6 +129,17 @@ class Channel:
             return False  # held already: a move between indexes brings its own vector
         return self._index_for(record) is not None
 
+    def touched_since(self, revision: int) -> set[str] | None:
+        """The ids of the memories put, added or forgotten by the change lists applied
+        after ``revision``; None when that is further back than the channel remembers."""
+        behind = self.revision - revision
+        if behind < 0 or behind > len(self._touched):
+            return None
+        touched: set[str] = set()
+        for ids in list(self._touched)[len(self._touched) - behind :]:
+            touched.update(ids)
+        return touched
+
     def ids_after(self, after_id: str) -> Iterator[str]:
         """Memory ids in order, starting after ``after_id``."""
         start = bisect.bisect_right(self._ids, after_id) if after_id else 0
@@ -155,7 +171,10 @@ class Channel:
                     self.cold_since_sweep = 0  # a sweep was counted: cold ones count anew
                 self.state = op.state
         new: list[tuple[MemoryRecord, np.ndarray]] = []  # indexed together, at the end
+        touched: list[str] = []
         for op in change.ops:
+            if isinstance(op, AddMemory | PutMemory | Forget):
+                touched.append(op.record.id)
             if isinstance(op, AddMemory):
                 self._add(op.record)
                 new.append((op.record, op.vector))
@@ -176,6 +195,7 @@ class Channel:
                     self.arrivals += 1
                 self._apply_to_channel(op)
         self._index_new(new)
+        self._touched.append(tuple(touched))
         self.revision += 1
 
     def _apply_to_channel(self, op: Operation) -> None:

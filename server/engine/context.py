@@ -45,7 +45,7 @@ from calor.server.engine.cards import (
 )
 from calor.server.engine.channel import Channel
 from calor.server.engine.results import Current
-from calor.server.engine.reuse import ReuseWindow
+from calor.server.engine.reuse import ReuseKey, ReuseWindow
 from calor.server.recall.ranking import Hit, band, rank_channel
 from calor.server.records import ACTIVE, COLD, MemoryRecord
 from calor.server.thermo.gates import fidelity_admits
@@ -114,8 +114,9 @@ class ContextResult:
     """A rendered block, its token count, the memories it shows, and each as it stands
     at the reply (``memories``, in the order of ``items``).
 
-    ``recall_id`` names the call in the recall log (a heating call is logged as its
-    recall; empty for a read); ``reused`` says the block came back from the window.
+    ``recall_id`` names the block in the recall log (a heating call is logged as its
+    recall; a reused block keeps its first call's id; empty when it shows nothing);
+    ``reused`` says the block came back from the window.
     """
 
     block: str = ""
@@ -129,13 +130,11 @@ class ContextResult:
 @dataclass(frozen=True)
 class _Heats:
     """A channel's live memories ranked by heat: the hottest, and the profile (core
-    first); ranked in full at ``at``, kept up to date to ``revision`` with ``seen`` (the
-    records as ranked) under ``policy``."""
+    first); ranked in full at ``at``, kept up to date to ``revision`` under ``policy``."""
 
     revision: int
     at: float
     policy: ChannelPolicy
-    seen: dict[str, MemoryRecord]
     hottest: list[str]
     profile: list[str]
 
@@ -178,17 +177,23 @@ class ContextBuilder:
         Without ``vector`` (the message's embedding) only a reused block is answered;
         None means the caller embeds the message and asks again.
         """
-        key = (channel.name, query.message, query.token_budget, max_nodes, query.max_chars)
-        now = channel.clock.now()
-        reused = self._window.get(channel, key, now)
+        reused = self._window.get(
+            channel, _reuse_key(channel, query, max_nodes), channel.clock.now()
+        )
         if reused is not None:
             return replace(reused, reused=True)
         if vector is None:
             return None
-        result = self._build(channel, query, vector, count_tokens, max_nodes)
+        return self._build(channel, query, vector, count_tokens, max_nodes)
+
+    def keep(
+        self, channel: Channel, query: ContextQuery, max_nodes: int, result: ContextResult
+    ) -> None:
+        """Keep a block just built for ``query`` (with its recall id) in the reuse window:
+        the same request gets it back, recall id included, while it stays current."""
         shown = [item.hit.record.id for item in result.items]
-        self._window.put(channel, key, result, len(result.block), shown, now)
-        return result
+        key = _reuse_key(channel, query, max_nodes)
+        self._window.put(channel, key, result, len(result.block), shown, channel.clock.now())
 
     # --- building ------------------------------------------------------------------
 
@@ -263,9 +268,8 @@ class ContextBuilder:
         )
         if cached is not None and fresh and cached.revision == channel.revision:
             return cached
-        if cached is not None and fresh:
-            seen = cached.seen
-            changed = [i for i, r in channel.records.items() if seen.get(i) is not r]
+        changed = channel.touched_since(cached.revision) if cached is not None and fresh else None
+        if cached is not None and changed is not None:
             hottest = _ranked(channel, clocks, [*cached.hottest, *changed])
             profile = _ranked(channel, clocks, [*cached.profile, *changed], profile=True)
             at = cached.at
@@ -273,9 +277,7 @@ class ContextBuilder:
             hottest = _ranked(channel, clocks, channel.records)
             profile = _ranked(channel, clocks, channel.records, profile=True)
             at = clocks.now
-        ranking = _Heats(
-            channel.revision, at, channel.policy, dict(channel.records), hottest, profile
-        )
+        ranking = _Heats(channel.revision, at, channel.policy, hottest, profile)
         with self._lock:
             self._heats[channel.name] = ranking
             self._heats.move_to_end(channel.name)
@@ -372,6 +374,11 @@ class ContextBuilder:
                     self._counted.clear()
                 self._counted[text] = counted
         return counted
+
+
+def _reuse_key(channel: Channel, query: ContextQuery, max_nodes: int) -> ReuseKey:
+    """What makes two Context requests the same request."""
+    return (channel.name, query.message, query.token_budget, max_nodes, query.max_chars)
 
 
 def _ranked(

@@ -440,8 +440,9 @@ class MemoryEngine:
         ``vector`` is the message's embedding. Without it, only what needs no model is
         answered (a block reused from the window, or the empty block of a channel never
         written to); None asks the caller to embed the message and call again. Every
-        call that shows memories is logged in the recall log under a new ``recall_id``
-        (for Feedback); no heat changes unless ``heat``: then what the block shows is
+        block that shows memories is logged in the recall log under a new ``recall_id``
+        (for Feedback; a reused block answers with the id its first call was logged
+        under and writes nothing); no heat changes unless ``heat``: then what the block shows is
         recalled as a recall of those memories would be (relevant ones heated). Under
         critical load (the load gate) the block holds fewer memories.
         """
@@ -456,7 +457,9 @@ class MemoryEngine:
             result = self._contexts.assemble(live, query, vector, count_tokens, nodes)
             if result is None:
                 return None
-            if result.items:  # logged for feedback, as a recall is; heated only if asked
+            # Logged for feedback, as a recall is; a reused block keeps the recall id
+            # it was logged under, unless it heats (each heating call is a recall).
+            if result.items and (query.heat or not result.reused):
                 hits = [replace(i.hit, record=i.hit.record.copy()) for i in result.items]
                 recall_id = new_recall_id(now)
                 logged = logged_hits(hits, live.name, self.channels.policy)
@@ -467,6 +470,8 @@ class MemoryEngine:
                     with changing(self._store, live) as change:
                         change.keep(self.recall_log.writes(live.name, entry))
                 result = replace(result, recall_id=recall_id)
+            if not result.reused:
+                self._contexts.keep(live, query, nodes, result)
             memories = [live.current(live.records[i.hit.record.id]) for i in result.items]
             return replace(result, memories=memories)
 
