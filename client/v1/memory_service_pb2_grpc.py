@@ -140,6 +140,11 @@ class MemoryServiceStub:
                 request_serializer=calor_dot_v1_dot_memory__service__pb2.TuneRequest.SerializeToString,
                 response_deserializer=calor_dot_v1_dot_memory__service__pb2.TuneResponse.FromString,
                 _registered_method=True)
+        self.DropChannel = channel.unary_unary(
+                '/calor.v1.MemoryService/DropChannel',
+                request_serializer=calor_dot_v1_dot_memory__service__pb2.DropChannelRequest.SerializeToString,
+                response_deserializer=calor_dot_v1_dot_memory__service__pb2.DropChannelResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -294,6 +299,14 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DropChannel(self, request, context):
+        """Remove a whole channel: its memories, vectors, edges, settings, recall log and
+        the text of its events and trigger history, leaving no trace on disk (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -401,6 +414,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.Tune,
                     request_deserializer=calor_dot_v1_dot_memory__service__pb2.TuneRequest.FromString,
                     response_serializer=calor_dot_v1_dot_memory__service__pb2.TuneResponse.SerializeToString,
+            ),
+            'DropChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropChannel,
+                    request_deserializer=calor_dot_v1_dot_memory__service__pb2.DropChannelRequest.FromString,
+                    response_serializer=calor_dot_v1_dot_memory__service__pb2.DropChannelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -971,6 +989,33 @@ class MemoryService:
             '/calor.v1.MemoryService/Tune',
             calor_dot_v1_dot_memory__service__pb2.TuneRequest.SerializeToString,
             calor_dot_v1_dot_memory__service__pb2.TuneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calor.v1.MemoryService/DropChannel',
+            calor_dot_v1_dot_memory__service__pb2.DropChannelRequest.SerializeToString,
+            calor_dot_v1_dot_memory__service__pb2.DropChannelResponse.FromString,
             options,
             channel_credentials,
             insecure,

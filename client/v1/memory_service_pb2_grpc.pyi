@@ -77,6 +77,10 @@ class MemoryServiceStub:
     """Fit a channel's recall weights to its feedback; applied only when better on
     held-back feedback.
     """
+    DropChannel: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.DropChannelRequest, _memory_service_pb2.DropChannelResponse]
+    """Remove a whole channel: its memories, vectors, edges, settings, recall log and
+    the text of its events and trigger history, leaving no trace on disk (admin).
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -126,6 +130,10 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Tune: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.TuneRequest, _memory_service_pb2.TuneResponse]  # type: ignore[assignment]
     """Fit a channel's recall weights to its feedback; applied only when better on
     held-back feedback.
+    """
+    DropChannel: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.DropChannelRequest, _memory_service_pb2.DropChannelResponse]  # type: ignore[assignment]
+    """Remove a whole channel: its memories, vectors, edges, settings, recall log and
+    the text of its events and trigger history, leaving no trace on disk (admin).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -299,6 +307,16 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_service_pb2.TuneResponse, _abc.Awaitable[_memory_service_pb2.TuneResponse]]:
         """Fit a channel's recall weights to its feedback; applied only when better on
         held-back feedback.
+        """
+
+    @_abc_1.abstractmethod
+    def DropChannel(
+        self,
+        request: _memory_service_pb2.DropChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.DropChannelResponse, _abc.Awaitable[_memory_service_pb2.DropChannelResponse]]:
+        """Remove a whole channel: its memories, vectors, edges, settings, recall log and
+        the text of its events and trigger history, leaving no trace on disk (admin).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,13 +26,15 @@ from calor.v1 import memory_pb2 as calor_dot_v1_dot_memory__pb2
 from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63\x61lor/v1/settings_service.proto\x12\x08\x63\x61lor.v1\x1a\x15\x63\x61lor/v1/memory.proto\x1a google/protobuf/field_mask.proto\"%\n\x12GetSettingsRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"B\n\x13GetSettingsResponse\x12+\n\x08settings\x18\x01 \x01(\x0b\x32\x19.calor.v1.ChannelSettings\"\x86\x01\n\x15UpdateSettingsRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12+\n\x08settings\x18\x02 \x01(\x0b\x32\x19.calor.v1.ChannelSettings\x12/\n\x0bupdate_mask\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"E\n\x16UpdateSettingsResponse\x12+\n\x08settings\x18\x01 \x01(\x0b\x32\x19.calor.v1.ChannelSettings2\xb2\x01\n\x0fSettingsService\x12J\n\x0bGetSettings\x12\x1c.calor.v1.GetSettingsRequest\x1a\x1d.calor.v1.GetSettingsResponse\x12S\n\x0eUpdateSettings\x12\x1f.calor.v1.UpdateSettingsRequest\x1a .calor.v1.UpdateSettingsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63\x61lor/v1/settings_service.proto\x12\x08\x63\x61lor.v1\x1a\x15\x63\x61lor/v1/memory.proto\x1a google/protobuf/field_mask.proto\"%\n\x12GetSettingsRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"B\n\x13GetSettingsResponse\x12+\n\x08settings\x18\x01 \x01(\x0b\x32\x19.calor.v1.ChannelSettings\"\x86\x01\n\x15UpdateSettingsRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12+\n\x08settings\x18\x02 \x01(\x0b\x32\x19.calor.v1.ChannelSettings\x12/\n\x0bupdate_mask\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"E\n\x16UpdateSettingsResponse\x12+\n\x08settings\x18\x01 \x01(\x0b\x32\x19.calor.v1.ChannelSettings\"\x15\n\x13ServerStatusRequest\"\xea\x02\n\x14ServerStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12\x16\n\x0euptime_seconds\x18\x04 \x01(\x01\x12\x10\n\x08\x63hannels\x18\x05 \x01(\x03\x12N\n\x11memories_by_state\x18\x06 \x03(\x0b\x32\x33.calor.v1.ServerStatusResponse.MemoriesByStateEntry\x12\x10\n\x08last_seq\x18\x07 \x01(\x03\x12\x13\n\x0bsubscribers\x18\x08 \x01(\x05\x12\x12\n\ndata_bytes\x18\t \x01(\x03\x12\x15\n\rauth_required\x18\n \x01(\x08\x12\x0b\n\x03tls\x18\x0b \x01(\x08\x12\x11\n\trss_bytes\x18\x0c \x01(\x03\x1a\x36\n\x14MemoriesByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x81\x02\n\x0fSettingsService\x12J\n\x0bGetSettings\x12\x1c.calor.v1.GetSettingsRequest\x1a\x1d.calor.v1.GetSettingsResponse\x12S\n\x0eUpdateSettings\x12\x1f.calor.v1.UpdateSettingsRequest\x1a .calor.v1.UpdateSettingsResponse\x12M\n\x0cServerStatus\x12\x1d.calor.v1.ServerStatusRequest\x1a\x1e.calor.v1.ServerStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'calor.v1.settings_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SERVERSTATUSRESPONSE_MEMORIESBYSTATEENTRY']._loaded_options = None
+  _globals['_SERVERSTATUSRESPONSE_MEMORIESBYSTATEENTRY']._serialized_options = b'8\001'
   _globals['_GETSETTINGSREQUEST']._serialized_start=102
   _globals['_GETSETTINGSREQUEST']._serialized_end=139
   _globals['_GETSETTINGSRESPONSE']._serialized_start=141
@@ -41,6 +43,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATESETTINGSREQUEST']._serialized_end=344
   _globals['_UPDATESETTINGSRESPONSE']._serialized_start=346
   _globals['_UPDATESETTINGSRESPONSE']._serialized_end=415
-  _globals['_SETTINGSSERVICE']._serialized_start=418
-  _globals['_SETTINGSSERVICE']._serialized_end=596
+  _globals['_SERVERSTATUSREQUEST']._serialized_start=417
+  _globals['_SERVERSTATUSREQUEST']._serialized_end=438
+  _globals['_SERVERSTATUSRESPONSE']._serialized_start=441
+  _globals['_SERVERSTATUSRESPONSE']._serialized_end=803
+  _globals['_SERVERSTATUSRESPONSE_MEMORIESBYSTATEENTRY']._serialized_start=749
+  _globals['_SERVERSTATUSRESPONSE_MEMORIESBYSTATEENTRY']._serialized_end=803
+  _globals['_SETTINGSSERVICE']._serialized_start=806
+  _globals['_SETTINGSSERVICE']._serialized_end=1063
 # @@protoc_insertion_point(module_scope)

@@ -4,9 +4,11 @@ isort:skip_file
 """
 
 from calor.v1 import memory_pb2 as _memory_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -105,3 +107,100 @@ class UpdateSettingsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateSettingsResponse: _TypeAlias = UpdateSettingsResponse  # noqa: Y015
+
+@_typing.final
+class ServerStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerStatusRequest: _TypeAlias = ServerStatusRequest  # noqa: Y015
+
+@_typing.final
+class ServerStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MemoriesByStateEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    MODEL_ID_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    MEMORIES_BY_STATE_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    SUBSCRIBERS_FIELD_NUMBER: _builtins.int
+    DATA_BYTES_FIELD_NUMBER: _builtins.int
+    AUTH_REQUIRED_FIELD_NUMBER: _builtins.int
+    TLS_FIELD_NUMBER: _builtins.int
+    RSS_BYTES_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    """The package version of the server."""
+    model_id: _builtins.str
+    """The embedding model's id and dimension."""
+    dim: _builtins.int
+    uptime_seconds: _builtins.float
+    channels: _builtins.int
+    """Channels holding at least one memory."""
+    last_seq: _builtins.int
+    """The last event number given, and how many subscribers are open."""
+    subscribers: _builtins.int
+    data_bytes: _builtins.int
+    """The data directory's size on disk, in bytes."""
+    auth_required: _builtins.bool
+    """Whether callers need an API key, and whether the port speaks TLS."""
+    tls: _builtins.bool
+    rss_bytes: _builtins.int
+    """Process resident memory, in bytes."""
+    @_builtins.property
+    def memories_by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Memories per state over every channel (enum short names: active, cold, ...)."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        model_id: _builtins.str = ...,
+        dim: _builtins.int = ...,
+        uptime_seconds: _builtins.float = ...,
+        channels: _builtins.int = ...,
+        memories_by_state: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        last_seq: _builtins.int = ...,
+        subscribers: _builtins.int = ...,
+        data_bytes: _builtins.int = ...,
+        auth_required: _builtins.bool = ...,
+        tls: _builtins.bool = ...,
+        rss_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_required", b"auth_required", "channels", b"channels", "data_bytes", b"data_bytes", "dim", b"dim", "last_seq", b"last_seq", "memories_by_state", b"memories_by_state", "model_id", b"model_id", "rss_bytes", b"rss_bytes", "subscribers", b"subscribers", "tls", b"tls", "uptime_seconds", b"uptime_seconds", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerStatusResponse: _TypeAlias = ServerStatusResponse  # noqa: Y015

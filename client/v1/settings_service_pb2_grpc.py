@@ -45,6 +45,11 @@ class SettingsServiceStub:
                 request_serializer=calor_dot_v1_dot_settings__service__pb2.UpdateSettingsRequest.SerializeToString,
                 response_deserializer=calor_dot_v1_dot_settings__service__pb2.UpdateSettingsResponse.FromString,
                 _registered_method=True)
+        self.ServerStatus = channel.unary_unary(
+                '/calor.v1.SettingsService/ServerStatus',
+                request_serializer=calor_dot_v1_dot_settings__service__pb2.ServerStatusRequest.SerializeToString,
+                response_deserializer=calor_dot_v1_dot_settings__service__pb2.ServerStatusResponse.FromString,
+                _registered_method=True)
 
 
 class SettingsServiceServicer:
@@ -63,6 +68,13 @@ class SettingsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ServerStatus(self, request, context):
+        """How the whole server is doing, for operators (`calor status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SettingsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +87,11 @@ def add_SettingsServiceServicer_to_server(servicer, server):
                     servicer.UpdateSettings,
                     request_deserializer=calor_dot_v1_dot_settings__service__pb2.UpdateSettingsRequest.FromString,
                     response_serializer=calor_dot_v1_dot_settings__service__pb2.UpdateSettingsResponse.SerializeToString,
+            ),
+            'ServerStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServerStatus,
+                    request_deserializer=calor_dot_v1_dot_settings__service__pb2.ServerStatusRequest.FromString,
+                    response_serializer=calor_dot_v1_dot_settings__service__pb2.ServerStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +149,33 @@ class SettingsService:
             '/calor.v1.SettingsService/UpdateSettings',
             calor_dot_v1_dot_settings__service__pb2.UpdateSettingsRequest.SerializeToString,
             calor_dot_v1_dot_settings__service__pb2.UpdateSettingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServerStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calor.v1.SettingsService/ServerStatus',
+            calor_dot_v1_dot_settings__service__pb2.ServerStatusRequest.SerializeToString,
+            calor_dot_v1_dot_settings__service__pb2.ServerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,8 @@ class SettingsServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SettingsServiceAsyncStub: ...
     GetSettings: _grpc.UnaryUnaryMultiCallable[_settings_service_pb2.GetSettingsRequest, _settings_service_pb2.GetSettingsResponse]
     UpdateSettings: _grpc.UnaryUnaryMultiCallable[_settings_service_pb2.UpdateSettingsRequest, _settings_service_pb2.UpdateSettingsResponse]
+    ServerStatus: _grpc.UnaryUnaryMultiCallable[_settings_service_pb2.ServerStatusRequest, _settings_service_pb2.ServerStatusResponse]
+    """How the whole server is doing, for operators (`calor status`)."""
 
 @_typing.type_check_only
 class SettingsServiceAsyncStub(SettingsServiceStub):
@@ -43,6 +45,8 @@ class SettingsServiceAsyncStub(SettingsServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetSettings: _aio.UnaryUnaryMultiCallable[_settings_service_pb2.GetSettingsRequest, _settings_service_pb2.GetSettingsResponse]  # type: ignore[assignment]
     UpdateSettings: _aio.UnaryUnaryMultiCallable[_settings_service_pb2.UpdateSettingsRequest, _settings_service_pb2.UpdateSettingsResponse]  # type: ignore[assignment]
+    ServerStatus: _aio.UnaryUnaryMultiCallable[_settings_service_pb2.ServerStatusRequest, _settings_service_pb2.ServerStatusResponse]  # type: ignore[assignment]
+    """How the whole server is doing, for operators (`calor status`)."""
 
 class SettingsServiceServicer(metaclass=_abc_1.ABCMeta):
     """Read and change a channel's profiles, weights and thresholds."""
@@ -60,5 +64,13 @@ class SettingsServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _settings_service_pb2.UpdateSettingsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_settings_service_pb2.UpdateSettingsResponse, _abc.Awaitable[_settings_service_pb2.UpdateSettingsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ServerStatus(
+        self,
+        request: _settings_service_pb2.ServerStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_settings_service_pb2.ServerStatusResponse, _abc.Awaitable[_settings_service_pb2.ServerStatusResponse]]:
+        """How the whole server is doing, for operators (`calor status`)."""
 
 def add_SettingsServiceServicer_to_server(servicer: SettingsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

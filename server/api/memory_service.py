@@ -30,7 +30,7 @@ from calor.server.api.wire import encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
 from calor.server.engine.results import Current, Stored
-from calor.server.errors import CalorError, InvalidArgumentError
+from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
 from calor.server.storage.markdown import (
     MarkdownReader,
     render_header,
@@ -269,6 +269,12 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         channel = self._rt.validator.channel(request.channel)
         report = await self._rt.run(self._rt.engine.tune, channel, request.dry_run)
         return tune_message(report)
+
+    @rpc_errors
+    async def DropChannel(
+        self, request: pb.DropChannelRequest, context: _Context
+    ) -> pb.DropChannelResponse:
+        raise UnimplementedError("DropChannel is not built yet")
 
     @rpc_errors
     async def EntityCard(

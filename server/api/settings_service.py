@@ -11,6 +11,7 @@ import grpc
 from calor.server.api.rpc import rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import apply_settings, settings_message
+from calor.server.errors import UnimplementedError
 from calor.v1 import settings_service_pb2 as pb
 from calor.v1 import settings_service_pb2_grpc
 
@@ -61,3 +62,9 @@ class SettingsServicer(settings_service_pb2_grpc.SettingsServiceServicer):
             policy = apply_settings(current, request.settings, request.update_mask)
             stored = await self._rt.run(engine.channels.set_policy, channel, policy)
         return pb.UpdateSettingsResponse(settings=settings_message(stored))
+
+    @rpc_errors
+    async def ServerStatus(
+        self, request: pb.ServerStatusRequest, context: _Context
+    ) -> pb.ServerStatusResponse:
+        raise UnimplementedError("ServerStatus is not built yet")
