@@ -109,6 +109,7 @@ def test_of_two_equally_similar_the_hotter_wins(
 AS_OF = utc("2026-04-09T15:30:00")
 DIARY = {
     "2026-04-08T10:00:00": "Had lunch with the design team at the noodle bar.",
+    "2026-04-07T12:30:00": "Had lunch with the hardware team at the curry house.",
     "2026-04-06T12:00:00": "Had lunch with the finance team at the taco place.",
     "2026-04-01T12:00:00": "Had lunch with the legal team at the salad shop.",
     "2026-03-01T12:00:00": "Had lunch with the sales team at the pizza place.",
@@ -120,6 +121,7 @@ DIARY = {
     ("query", "expected", "window_day"),
     [
         ("Who did I have lunch with yesterday?", "design team", "2026-04-08"),
+        ("Who did I have lunch with the day before yesterday?", "hardware team", "2026-04-07"),
         ("Where was lunch 3 days ago?", "finance team", "2026-04-06"),
         ("Who did I have lunch with last week?", "legal team", "2026-03-30"),
         ("Where did we have lunch on 2026-03-01?", "sales team", "2026-03-01"),

@@ -13,6 +13,7 @@ from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boo
 from tests.helpers import VECTORS
 
 TEMPORAL = VECTORS / "temporal.json"
+PHRASES = VECTORS.parent / "temporal_phrases.json"
 # Thursday 2026-04-09, mid-afternoon.
 NOW = datetime(2026, 4, 9, 15, 30, tzinfo=UTC)
 
@@ -30,8 +31,22 @@ def _days(query: str, now: datetime = NOW) -> tuple[str, str] | None:
     return window.start.date().isoformat(), window.end.date().isoformat()
 
 
+def _phrases() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads(PHRASES.read_text(encoding="utf-8"))["cases"]
+    return cases
+
+
 @pytest.mark.parametrize("case", _cases(), ids=lambda case: case["query"])
 def test_shared_vectors(case: dict[str, Any]) -> None:
+    _check(case)
+
+
+@pytest.mark.parametrize("case", _phrases(), ids=lambda case: f"{case['query']}@{case['now'][:10]}")
+def test_phrases_users_say(case: dict[str, Any]) -> None:
+    _check(case)
+
+
+def _check(case: dict[str, Any]) -> None:
     window = detect_window(case["query"], datetime.fromisoformat(case["now"]))
     if case["start"] is None:
         assert window is None
@@ -130,7 +145,6 @@ def test_dates_and_suffixes(query: str, expected: tuple[str, str]) -> None:
         "monday",
         "the monday meeting",
         "on monday",
-        "last weekend",
         "this weekly report",
         "a few days ago",
         "weeks ago",
