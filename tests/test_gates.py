@@ -25,7 +25,10 @@ def test_the_heat_ceiling_refuses_with_the_time_to_cool() -> None:
     with pytest.raises(ResourceExhaustedError) as caught:
         ceiling_check(policy, 0.2)
     assert caught.value.retry_after == pytest.approx(300 * math.log2(0.2 / 0.15))
-    assert "ceiling 0.200" in caught.value.message
+    assert caught.value.message == (
+        "this recall would raise channel heat from 0.200 to 0.250, over the ceiling 0.200; "
+        f"retry in {300 * math.log2(0.2 / 0.15):.1f} s"
+    )
     ceiling_check(ChannelPolicy(heat_ceiling=0.2), 0.9)  # the gate is off
     # No room for even one recall: the wait is until the channel is all but cold.
     tight = ChannelPolicy(gate_heat_ceiling=True, heat_ceiling=0.04)

@@ -26,6 +26,9 @@ def fidelity_admits(policy: ChannelPolicy, heat: float) -> bool:
 def ceiling_check(policy: ChannelPolicy, channel_heat: float) -> None:
     """Refuse a recall that would lift channel heat over the ceiling (when that gate is on).
 
+    This is DESIGN §3's "when channel heat exceeds its ceiling": channel heat never
+    exceeds it, because the recall that would make it is the one refused.
+
     Args:
         policy: The channel's policy.
         channel_heat: The channel's heat now, before this recall adds its own.
@@ -42,7 +45,8 @@ def ceiling_check(policy: ChannelPolicy, channel_heat: float) -> None:
     half_life = policy.channel_heat_half_life_seconds
     wait = half_life * math.log2(channel_heat / (room if room > 0.0 else 1e-9))
     raise ResourceExhaustedError(
-        f"channel heat {channel_heat:.3f} is at its ceiling {policy.heat_ceiling:.3f}; "
+        f"this recall would raise channel heat from {channel_heat:.3f} to "
+        f"{channel_heat + policy.recall_heat:.3f}, over the ceiling {policy.heat_ceiling:.3f}; "
         f"retry in {wait:.1f} s",
         retry_after=max(wait, 0.001),
     )
