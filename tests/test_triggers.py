@@ -123,6 +123,7 @@ def test_notify_trigger_logs_its_event_and_history(
         tpb.EvaluateTriggersRequest(channel=channel_name, event=ON_STORE, memory_id=paid.id)
     )
     assert [m.trigger.id for m in dry.matches] == [rule.id]
+    assert dry.matches[0].would == "notify: saw The invoice was paid.", "rendered as it is sent"
     triggers.DeleteTrigger(tpb.DeleteTriggerRequest(id=rule.id))
     assert not triggers.ListTriggers(tpb.ListTriggersRequest(channel=channel_name)).triggers
 

@@ -10,7 +10,7 @@ says what to send, and the engine makes it durable before sending it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -28,6 +28,7 @@ __all__ = [
     "ActionContext",
     "delivery_key",
     "describe",
+    "message_fields",
     "outcome_event",
     "outcome_summary",
     "run_action",
@@ -58,16 +59,23 @@ class ActionContext:
     writes: Callable[[str], Bookkeeping]
 
 
-def _fields(ctx: ActionContext) -> dict[str, str]:
+def message_fields(
+    record: MemoryRecord, heat: float, event_kind: str, trigger_id: str
+) -> dict[str, str]:
+    """What a notify template's placeholders stand for, for one memory and event."""
     return {
-        "memory_id": ctx.record.id,
-        "channel": ctx.record.channel,
-        "text": ctx.record.text,
-        "heat": f"{ctx.heat:.3f}",
-        "memory_type": ctx.record.memory_type,
-        "event": ctx.event.kind,
-        "trigger_id": ctx.rule.id,
+        "memory_id": record.id,
+        "channel": record.channel,
+        "text": record.text,
+        "heat": f"{heat:.3f}",
+        "memory_type": record.memory_type,
+        "event": event_kind,
+        "trigger_id": trigger_id,
     }
+
+
+def _fields(ctx: ActionContext) -> dict[str, str]:
+    return message_fields(ctx.record, ctx.heat, ctx.event.kind, ctx.rule.id)
 
 
 def _log(ctx: ActionContext, kind: str, message: str, **extra: str) -> EventRecord:
@@ -230,11 +238,12 @@ def outcome_event(delivery: Delivery, outcome: WebhookOutcome, at: float) -> Eve
     )
 
 
-def describe(rule: TriggerRule) -> str:
-    """What the rule would do, in words (for the dry run)."""
+def describe(rule: TriggerRule, fields: Mapping[str, str]) -> str:
+    """What the rule would do, in words (for the dry run); a notify shows its message as
+    it would be sent, rendered from ``fields`` (see :func:`message_fields`)."""
     config = rule.config_value
     if rule.action == "notify":
-        return "notify: " + config("message", DEFAULT_NOTIFY)
+        return "notify: " + render_message(config("message", DEFAULT_NOTIFY), fields)
     if rule.action == "boost":
         amount = config("delta", "") or "the channel's boost_delta"
         return f"boost the {config('target', 'memory')} by {amount}"

@@ -36,6 +36,8 @@ from calor.server.storage.ops import DeleteKey, PutKey
 from calor.server.storage.store import Keys, MemoryStore
 from calor.triggers.actions import (
     ActionContext,
+    describe,
+    message_fields,
     outcome_event,
     outcome_summary,
     run_action,
@@ -412,13 +414,16 @@ class TriggerEngine:
 
     # --- dry run -----------------------------------------------------------------
 
-    async def would_fire(self, channel: str, event_kind: str, memory_id: str) -> list[TriggerRule]:
-        """The rules that would fire for this event on this memory now (nothing is done)."""
+    async def would_fire(
+        self, channel: str, event_kind: str, memory_id: str
+    ) -> list[tuple[TriggerRule, str]]:
+        """The rules that would fire for this event on this memory now, each with what it
+        would do in words (a notify's message rendered); nothing is done."""
         found, _ = await self._run(self._memories.inspect, channel, memory_id)
         record, heat = found.record, found.heat
         now = self._clock.now()
         return [
-            rule
+            (rule, describe(rule, message_fields(record, heat, event_kind, rule.id)))
             for rule in self.registry.rules(channel=channel, event=event_kind)
             if self.registry.can_fire(rule, now)
             and matches(

@@ -27,7 +27,6 @@ from calor.server.errors import (
 )
 from calor.server.events import EventRecord
 from calor.server.ids import new_id
-from calor.triggers.actions import describe
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.registry import Firing
 from calor.triggers.rules import EVENTS, rule_from_message, rule_message
@@ -194,10 +193,8 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         rules = await engine.would_fire(channel, kind, memory_id)
         return tpb.EvaluateTriggersResponse(
             matches=[
-                tpb.TriggerMatch(
-                    trigger=rule_message(r, engine.registry.fires(r.id)), would=describe(r)
-                )
-                for r in rules
+                tpb.TriggerMatch(trigger=rule_message(r, engine.registry.fires(r.id)), would=would)
+                for r, would in rules
             ]
         )
 
