@@ -84,13 +84,17 @@ def test_depth_limits_the_spread() -> None:
     assert set(gains) == {"1", "2"}
 
 
-def test_archived_neighbours_come_back_but_pass_nothing() -> None:
+def test_archived_neighbours_come_back_and_pass_heat_as_any_memory_at_their_heat() -> None:
     graph = Graph()
     graph.add("r", "old", "manual", 1.0)
     graph.add("old", "beyond", "manual", 1.0)
-    reach = {"old": Reach(0.01, archived=True), "beyond": Reach(0.5)}
-    gains = resonance(graph, {"r": 1.0}, reach.get, ChannelPolicy())
-    assert gains == {"old": pytest.approx(0.3)}
+    below_gate = {"old": Reach(0.01, archived=True), "beyond": Reach(0.5)}
+    gains = resonance(graph, {"r": 1.0}, below_gate.get, ChannelPolicy())
+    assert gains == {"old": pytest.approx(0.3)}, "below the thermal gate: back, passing nothing"
+    for archived in (True, False):  # at the gate (a semantic floor): passes on, archived or not
+        at_gate = {"old": Reach(0.05, archived=archived), "beyond": Reach(0.5)}
+        gains = resonance(graph, {"r": 1.0}, at_gate.get, ChannelPolicy())
+        assert gains == {"old": pytest.approx(0.3), "beyond": pytest.approx(0.3 * 0.5)}
 
 
 def test_interaction_mode_decays_by_the_channel_clock() -> None:

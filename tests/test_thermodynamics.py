@@ -130,6 +130,43 @@ def test_archived_import_is_out_of_recall_but_comes_back_through_an_edge(
     assert old.id in [h.memory.id for h in hits.hits]
 
 
+def test_a_memory_back_from_the_attic_passes_heat_on_as_the_formula_says(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    # A semantic memory rests in the attic at its floor 0.05: the thermal gate, so once
+    # reached it passes heat on like any memory at that heat.
+    old = store(
+        memories,
+        channel_name,
+        "Photosynthesis turns sunlight into chemical energy.",
+        memory_type=memory_pb2.MEMORY_TYPE_SEMANTIC,
+        created_at=ts(time.time() - 200 * DAY),
+    ).id
+    beyond = store(
+        memories,
+        channel_name,
+        "Booked a table at the harbour restaurant.",
+        memory_type=EPISODIC,
+        created_at=ts(time.time() - DAY),
+        tags={"session": "harbour"},
+    ).id
+    fresh = store(memories, channel_name, "Plans for the new office move in spring.").id
+    connect(memories, channel_name, fresh, old)
+    connect(memories, channel_name, old, beyond)
+    assert inspect(memories, channel_name, old).memory.state == ARCHIVED
+    assert heat(memories, channel_name, beyond) == pytest.approx(0.5, abs=0.005)
+
+    reply = memories.Recall(
+        pb.RecallRequest(channel=channel_name, query="new office move", limit=1)
+    )
+
+    assert [h.memory.id for h in reply.hits] == [fresh]
+    back = inspect(memories, channel_name, old).memory
+    assert back.state == ACTIVE
+    assert back.heat == pytest.approx(0.05 + 0.30 * 1.0, abs=0.005)  # spread · H, H = 1.0
+    assert heat(memories, channel_name, beyond) == pytest.approx(0.5 + 0.30 * 0.5, abs=0.01)
+
+
 def test_recall_from_the_attic_returns_it_to_active(
     memories: MemoryServiceStub, channel_name: str
 ) -> None:

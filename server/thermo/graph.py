@@ -106,9 +106,10 @@ def resonance(
     A neighbour at hop h gains ``spread · H · damping^(h−1)``, where H is the recalled
     memory's heat after its bump. A memory reached by several paths takes its largest
     gain, once. Memories below the thermal gate neither receive nor pass heat, except
-    that a memory in cold storage that is reached comes back (with its gain) and
-    passes nothing on. ``reach`` answers None for memories that cannot take heat
-    (ghosts, merged, forgotten). Recalled memories gain nothing here.
+    that a memory in cold storage that is reached comes back (with its gain) whatever
+    its heat; it passes heat on as any other memory at its heat would. ``reach``
+    answers None for memories that cannot take heat (ghosts, merged, forgotten).
+    Recalled memories gain nothing here.
     """
     gains: dict[str, float] = {}
     for source, heat in recalled.items():
@@ -125,10 +126,10 @@ def resonance(
                     found = reach(other)
                     if found is None or other in recalled:
                         continue
-                    if found.archived:
+                    passes = found.heat >= policy.thermal_gate
+                    if passes or found.archived:
                         gains[other] = max(gains.get(other, 0.0), gain)
-                    elif found.heat >= policy.thermal_gate:
-                        gains[other] = max(gains.get(other, 0.0), gain)
+                    if passes:
                         passing.append(other)
             frontier = passing
     return gains
