@@ -130,6 +130,31 @@ _WAS = re.compile(
 )
 _SENTENCE = re.compile(r"[^.!?;\n]++")
 
+# Code: a source path, a call signature, or a folder beside a code word, said with a verb
+# that describes what code does ("src/app.py defines serve()"), not one that asks for it.
+_CODE_EXTENSIONS = (
+    r"py|pyi|js|jsx|mjs|ts|tsx|go|rs|rb|java|kt|kts|c|h|cc|cpp|hpp|cs|php|swift|scala|sh|"
+    r"sql|proto|toml|ya?ml|json|ex|exs|erl|hs|lua|dart|vue|svelte|ipynb|tf|gradle"
+)
+_CODE_PATH = re.compile(
+    rf"(?<![\w/.])(?:[\w.-]{{1,64}}/){{0,12}}[\w-]{{1,64}}\.(?:{_CODE_EXTENSIONS})\b"
+)
+_FOLDER = re.compile(r"(?<![\w/.:])(?:[\w.-]{1,64}/){1,12}")
+_SIGNATURE = re.compile(r"(?<![\w.])[A-Za-z_][\w.]{0,63}\((?:[^()\n]{0,80})\)")
+_CODE_WORDS = re.compile(
+    r"\b(?:class|struct|module|package|function|method|hook|component|fixture|endpoint|"
+    r"interface|trait|enum|dataclass|stubs?|helpers?|repository|migrations?|entry point|"
+    r"subcommands?|target|tests?)\b",
+    re.IGNORECASE,
+)
+_CODE_VERBS = re.compile(
+    r"\b(?:defines?|declares?|(?:re-)?exports?|implements?|contains?|holds?|returns?|"
+    r"calls?|imports?|wraps?|exposes?|registers?|handles?|provides?|owns?|maps?|reads?|"
+    r"writes?|parses?|renders?|loads?|consumes?|regenerates?|lives? in|(?:is|are) "
+    r"(?:defined|declared|used|applied|called) (?:in|by|at)|turns?)\b",
+    re.IGNORECASE,
+)
+
 
 def _sentences(text: str) -> list[str]:
     sentences: list[str] = []
@@ -147,6 +172,20 @@ def _is_preference(text: str, sentences: list[str]) -> bool:
         return True
     return _STYLE.search(text) is not None and any(
         _DIRECTIVE.search(s) or _IMPERATIVE.match(s) for s in sentences
+    )
+
+
+def _is_code(text: str, sentences: list[str]) -> bool:
+    """A description of code: where it lives, what it defines, what it does."""
+    if sentences and (_IMPERATIVE.match(sentences[0]) or _PURPOSE.match(sentences[0])):
+        return False  # "run tests/test_x.py", "to add a type, edit heat.py": steps
+    anchored = (
+        _CODE_PATH.search(text) is not None
+        or _SIGNATURE.search(text) is not None
+        or (_FOLDER.search(text) is not None and _CODE_WORDS.search(text) is not None)
+    )
+    return anchored and (
+        _CODE_VERBS.search(text) is not None or _CODE_WORDS.search(text) is not None
     )
 
 
@@ -170,20 +209,24 @@ def classify_type(text: str) -> str:
     """The memory type a text most likely is, when the caller gave none.
 
     Rules are tried in DESIGN §4's order: preference (likes, wants, style directives),
-    procedural (imperatives, steps, "to X, do Y"), fact (a standing attribute of someone or
-    something specific), episodic (a time reference or a past event), else semantic (general
-    knowledge).
+    codebase (a source path, a call signature or a code folder, described: "src/app.py
+    defines serve()"), procedural (imperatives, steps, "to X, do Y"), fact (a standing
+    attribute of someone or something specific), episodic (a time reference or a past
+    event), else semantic (general knowledge).
 
     Args:
         text: The memory's text; only its opening (1,000 characters, 12 sentences) is read.
 
     Returns:
-        One of ``preference``, ``procedural``, ``fact``, ``episodic`` or ``semantic``.
+        One of ``preference``, ``codebase``, ``procedural``, ``fact``, ``episodic`` or
+        ``semantic``.
     """
     text = text[:_CLASSIFY_CHARS].replace("’", "'")
     sentences = _sentences(text)
     if _is_preference(text, sentences):
         return "preference"
+    if _is_code(text, sentences):
+        return "codebase"
     if _is_procedural(text, sentences):
         return "procedural"
     timed = _TIME_EVENT.search(text) is not None  # an event, never a standing fact

@@ -52,6 +52,14 @@ class MemoryRecord:
     confirmations: int = 0
     valence: float = 0.0
     session: str = ""
+    surprise: float = 0.0
+    importance_adjustment: float = 0.0
+
+    @property
+    def superseded(self) -> bool:
+        """Whether a newer memory supersedes this one (``Update(supersedes=)``) or it was
+        deprecated (the trigger action): what it says is settled, and it ranks lower."""
+        return self.tags.get("deprecated") == "true" or bool(self.tags.get("superseded_by"))
 
     def to_json(self) -> bytes:
         """The record as compact UTF-8 JSON."""

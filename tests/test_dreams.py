@@ -25,6 +25,8 @@ from tests.helpers import DAY, CrashAfter, store, texts
 ManualServer = tuple[ServerThread, ManualClock, MemoryServiceStub]
 MERGED = memory_pb2.MEMORY_STATE_MERGED
 ACTIVE = memory_pb2.MEMORY_STATE_ACTIVE
+COLD = memory_pb2.MEMORY_STATE_COLD
+SUPERSEDES = memory_pb2.EDGE_KIND_SUPERSEDES
 
 PARAPHRASES = [
     "Our team standup meeting is at 9am every day.",
@@ -89,6 +91,13 @@ def test_paraphrases_merge_into_one_survivor_and_a_second_dream_changes_nothing(
         pb.UpdateRequest(channel=channel_name, id=absorbed.id, clear_merge=True)
     ).memory
     assert restored.state == ACTIVE and not restored.merged_into
+    assert restored.tags["kept_apart_from"] == survivor.id
+    for _ in range(2):  # a pair a user separated stays apart
+        assert memories.Dream(pb.DreamRequest(channel=channel_name)).merged == 0
+    after = memories.Inspect(pb.InspectRequest(channel=channel_name, id=absorbed.id)).memory
+    assert after.state == ACTIVE and not after.merged_into
+    kept = memories.Inspect(pb.InspectRequest(channel=channel_name, id=survivor.id)).memory
+    assert absorbed.id not in kept.merged_from
 
 
 def test_contradictions_open_a_conflict_and_never_merge(
@@ -235,3 +244,74 @@ def test_correcting_one_side_settles_a_conflict(
         )
     )
     assert not memories.Identity(pb.IdentityRequest(channel=channel_name)).conflicts
+
+
+def test_superseding_settles_the_conflict_and_the_new_memory_outranks_the_old(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    old = store(memories, channel_name, "The gym opens at 7am on weekdays.")
+    for _ in range(3):  # the old one is warm: recalled often
+        memories.Recall(pb.RecallRequest(channel=channel_name, query="gym opening hours"))
+    new = store(memories, channel_name, "The gym opens at 6am on weekdays now.")
+    assert memories.Dream(pb.DreamRequest(channel=channel_name)).conflicts == 1
+
+    memories.Update(pb.UpdateRequest(channel=channel_name, id=new.id, supersedes=old.id))
+
+    assert not memories.Identity(pb.IdentityRequest(channel=channel_name)).conflicts
+    assert memories.Dream(pb.DreamRequest(channel=channel_name)).conflicts == 0
+    assert not memories.Identity(pb.IdentityRequest(channel=channel_name)).conflicts
+    older = memories.Inspect(pb.InspectRequest(channel=channel_name, id=old.id))
+    newer = memories.Inspect(pb.InspectRequest(channel=channel_name, id=new.id)).memory
+    assert (older.memory.tags["superseded_by"], older.memory.tags["settled"]) == (new.id, new.id)
+    assert (newer.tags["supersedes"], newer.tags["settled"]) == (old.id, old.id)
+    assert older.memory.state == COLD, "cooled"
+    links = [{e.from_id, e.to_id} for e in older.edges if e.kind == SUPERSEDES]
+    assert links == [{old.id, new.id}], "linked to its successor"
+    question = "When does the gym open?"
+    reply = memories.Recall(pb.RecallRequest(channel=channel_name, query=question, peek=True))
+    assert new.id in [h.memory.id for h in reply.hits]
+    assert old.id not in [h.memory.id for h in reply.hits], "out of default recall"
+    asked = memories.Recall(
+        pb.RecallRequest(channel=channel_name, query=question, peek=True, states=[ACTIVE, COLD])
+    )
+    ranked = [h.memory.id for h in asked.hits]
+    assert ranked.index(new.id) < ranked.index(old.id), "a states filter finds it, below"
+
+
+def test_templated_memories_that_differ_in_a_name_number_open_no_conflict(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    texts = [f"Ticket {n + 100} is assigned to the support queue." for n in range(56)]
+    requests = [
+        pb.StoreStreamRequest(store=pb.StoreRequest(channel=channel_name, text=t)) for t in texts
+    ]
+    memories.StoreStream(iter(requests))
+    report = memories.Dream(pb.DreamRequest(channel=channel_name))
+    assert (report.conflicts, report.conflicts_unopened) == (0, 0)
+    assert not memories.Identity(pb.IdentityRequest(channel=channel_name)).conflicts
+
+
+def test_a_dream_opens_at_most_the_channels_cap_of_conflicts_closest_first(
+    memories: MemoryServiceStub, grpc_channel: grpc.Channel, channel_name: str
+) -> None:
+    SettingsServiceStub(grpc_channel).UpdateSettings(
+        spb.UpdateSettingsRequest(
+            channel=channel_name,
+            settings=memory_pb2.ChannelSettings(dream_max_conflicts=2),
+            update_mask=FieldMask(paths=["dream_max_conflicts"]),
+        )
+    )
+    for yes, no in (
+        ("The office is open on Saturdays.", "The office is not open on Saturdays."),
+        ("The gym opens at 7am.", "The gym does not open at 7am."),
+        ("The user likes jazz.", "The user does not like jazz."),
+        ("The car has winter tyres fitted.", "The car has no winter tyres fitted."),
+    ):
+        store(memories, channel_name, yes)
+        store(memories, channel_name, no)
+    report = memories.Dream(pb.DreamRequest(channel=channel_name))
+    assert (report.conflicts, report.conflicts_unopened) == (2, 2)
+    assert len(memories.Identity(pb.IdentityRequest(channel=channel_name)).conflicts) == 2
+    again = memories.Dream(pb.DreamRequest(channel=channel_name))
+    assert (again.conflicts, again.conflicts_unopened) == (2, 0), "the rest open next time"
+    assert again.merged == 0, "a contradiction seen but not opened is never merged"

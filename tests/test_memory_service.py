@@ -411,3 +411,5 @@ def test_unclassified_memories_get_a_type(memories: MemoryServiceStub, channel_n
     assert store(memories, channel_name, "How to release: tag, build, then push.").memory_type == (
         memory_pb2.MEMORY_TYPE_PROCEDURAL
     )
+    code = "src/server/app.py defines serve() and _run()."
+    assert store(memories, channel_name, code).memory_type == memory_pb2.MEMORY_TYPE_CODEBASE

@@ -57,7 +57,8 @@ def test_a_rare_name_in_the_query_lifts_the_memory_that_holds_it(
     for hit in by_words.hits:  # the same memories, scored with and without their words
         assert hit.lexical == pytest.approx(by_meaning[hit.memory.text].lexical)
         gained = hit.score - by_meaning[hit.memory.text].score
-        assert gained == pytest.approx(0.70 * 1.0 * hit.lexical, abs=1e-6)
+        # abs: the two channels' memories were stored moments apart, on the wall clock
+        assert gained == pytest.approx(0.70 * 1.0 * hit.lexical, abs=1e-4)
 
 
 def test_what_a_person_said_outranks_the_agent_saying_the_same(

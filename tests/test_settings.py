@@ -402,6 +402,7 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
             archive_exempt_types=("episodic", "fact"),
             prune_heat=0.01,
             channel_cooling=0.25,
+            max_conflicts=7,
         ),
         ingest=IngestTuning(
             near_duplicate_similarity=0.9,

@@ -14,7 +14,7 @@ from calor.models.text import classify_type
 from calor.models.valence import valence
 
 DATA = Path(__file__).resolve().parent / "data"
-TYPES = ("preference", "procedural", "fact", "episodic", "semantic")
+TYPES = ("preference", "procedural", "fact", "episodic", "semantic", "codebase")
 
 
 def _labelled(name: str) -> list[tuple[str, str]]:

@@ -285,6 +285,47 @@ def test_novelty_and_near_duplicates(memories: MemoryServiceStub, channel_name: 
     assert inspect(memories, channel_name, original.id).memory.utility > original.utility
 
 
+def test_explicit_importance_is_the_base_that_novelty_adjusts(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    text = "The spare office key hangs behind the kitchen door."
+    first = store(memories, channel_name, text, importance=0.5)
+    again = store(memories, channel_name, text, importance=0.5)
+    assert (first.surprise, first.importance_adjustment) == (1.0, pytest.approx(0.30))
+    assert first.importance == pytest.approx(0.80), "novel in an empty channel: + the bonus"
+    assert again.provenance["near_duplicate_of"] == first.id
+    assert again.surprise == pytest.approx(0.0, abs=1e-3)
+    assert again.importance_adjustment == pytest.approx(-0.20)
+    assert again.importance == pytest.approx(0.30), "a near-duplicate: − the penalty"
+    shown = inspect(memories, channel_name, again.id).memory
+    assert (shown.surprise, shown.importance) == (again.surprise, again.importance)
+
+
+def test_inspect_shows_what_utility_is_made_of(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    memory = store(memories, channel_name, "The user's passport expires in March.", importance=0.6)
+    memories.Recall(pb.RecallRequest(channel=channel_name, query="passport expiry"))
+    shown = inspect(memories, channel_name, memory.id)
+    factors = {f.name: (f.score, f.weight) for f in shown.utility_factors}
+    assert list(factors) == [
+        "importance",
+        "frequency",
+        "recency",
+        "valence",
+        "regularity",
+        "type_boost",
+        "trust",
+        "confirmations",
+        "activation",
+    ]
+    assert factors["importance"][0] == pytest.approx(shown.memory.importance)
+    assert factors["frequency"][0] > 0.0, "recalled once"
+    assert sum(w for _, w in factors.values()) == pytest.approx(1.0)
+    blended = sum(score * weight for score, weight in factors.values())
+    assert blended == pytest.approx(shown.memory.utility, abs=0.02), "utility is their blend"
+
+
 def test_heat_ceiling_gate_refuses_with_a_retry_delay(
     memories: MemoryServiceStub, grpc_channel: grpc.Channel, channel_name: str
 ) -> None:

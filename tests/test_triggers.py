@@ -480,5 +480,10 @@ def test_pin_tag_deprecate_and_neighbour_boost_act_on_memories(
     assert read(pinned.id).keystone
     assert read(fact.id).tags["reviewed"] == "no"
     assert read(legacy.id).tags["deprecated"] == "true"
+    assert read(legacy.id).heat <= 0.05, "a deprecated memory is cooled"
+    recalled = memories.Recall(
+        pb.RecallRequest(channel=ch, query="legacy badge magnetic strips", peek=True)
+    )
+    assert legacy.id not in [h.memory.id for h in recalled.hits], "out of default recall"
     # 0.5, + resonance from the recalled hub (0.3 · its heat 1.0), + the trigger's 0.1
     assert read(neighbour.id).heat == pytest.approx(0.9, abs=0.01)

@@ -96,6 +96,8 @@ def test_archival_age_and_exempt_types_are_channel_settings(
     channels = {n: f"{channel_name}-{n}" for n in ("default", "younger", "exempt")}
     old = ts(time.time() - 400 * DAY)  # at its floor, 0.10: below the archive heat 0.15
     for channel in channels.values():
+        # Importance stays 0.1, under the archive importance 0.3: no bonus for novelty.
+        tune(settings, channel, ingest_novelty_bonus=0.0)
         store(
             memories,
             channel,

@@ -431,23 +431,61 @@ class InspectResponse(_message.Message):
 
     MEMORY_FIELD_NUMBER: _builtins.int
     EDGES_FIELD_NUMBER: _builtins.int
+    UTILITY_FACTORS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def memory(self) -> _memory_pb2.Memory: ...
     @_builtins.property
     def edges(self) -> _containers.RepeatedCompositeFieldContainer[_memory_pb2.Edge]: ...
+    @_builtins.property
+    def utility_factors(self) -> _containers.RepeatedCompositeFieldContainer[Global___UtilityFactor]:
+        """What the memory's utility is made of as of the reply, in the order of the blend:
+        importance, frequency, recency, valence, regularity, type_boost, trust,
+        confirmations, activation (ACT-R).
+        """
+
     def __init__(
         self,
         *,
         memory: _memory_pb2.Memory | None = ...,
         edges: _abc.Iterable[_memory_pb2.Edge] | None = ...,
+        utility_factors: _abc.Iterable[Global___UtilityFactor] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "memory", b"memory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "memory", b"memory", "utility_factors", b"utility_factors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InspectResponse: _TypeAlias = InspectResponse  # noqa: Y015
+
+@_typing.final
+class UtilityFactor(_message.Message):
+    """One piece of evidence in a memory's utility: its score in [0, 1] and its weight (the
+    weights sum to 1; utility is the weighted sum).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    score: _builtins.float
+    weight: _builtins.float
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        score: _builtins.float = ...,
+        weight: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "score", b"score", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UtilityFactor: _TypeAlias = UtilityFactor  # noqa: Y015
 
 @_typing.final
 class ListMemoriesRequest(_message.Message):
@@ -1082,6 +1120,7 @@ class DreamResponse(_message.Message):
     CHANNEL_HEAT_BEFORE_FIELD_NUMBER: _builtins.int
     CHANNEL_HEAT_AFTER_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
+    CONFLICTS_UNOPENED_FIELD_NUMBER: _builtins.int
     migrated: _builtins.int
     merged: _builtins.int
     keystoned: _builtins.int
@@ -1093,6 +1132,8 @@ class DreamResponse(_message.Message):
     channel_heat_before: _builtins.float
     channel_heat_after: _builtins.float
     duration_ms: _builtins.int
+    conflicts_unopened: _builtins.int
+    """Conflicts the dream saw but did not open: over the channel's dream_max_conflicts."""
     def __init__(
         self,
         *,
@@ -1107,10 +1148,11 @@ class DreamResponse(_message.Message):
         channel_heat_before: _builtins.float = ...,
         channel_heat_after: _builtins.float = ...,
         duration_ms: _builtins.int = ...,
+        conflicts_unopened: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,6 +14,8 @@ from calor.server.recall.ranking import Hit
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import MemoryRecord
 from calor.server.thermo.graph import Edge
+from calor.server.thermo.lifecycle import utility_evidence
+from calor.server.thermo.utility import UtilityWeights
 from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "status_message",
     "tune_message",
     "type_feedback",
+    "utility_factor_messages",
     "window_message",
 ]
 
@@ -57,10 +60,25 @@ def memory_message(record: MemoryRecord, heat: float) -> memory_pb2.Memory:
         provenance=record.provenance,
         heat0=record.heat0,
         t0=timestamp_message(record.t0),
+        surprise=record.surprise,
+        importance_adjustment=record.importance_adjustment,
     )
     if record.last_recalled_at is not None:
         message.last_recalled_at.CopyFrom(timestamp_message(record.last_recalled_at))
     return message
+
+
+def utility_factor_messages(
+    record: MemoryRecord, now: float
+) -> list[memory_service_pb2.UtilityFactor]:
+    """What a memory's utility is made of as of ``now``, each factor with its weight."""
+    weights = UtilityWeights()
+    return [
+        memory_service_pb2.UtilityFactor(
+            name=name, score=score, weight=getattr(weights, name) / weights.total
+        )
+        for name, score in utility_evidence(record, now).items()
+    ]
 
 
 def edge_message(edge: Edge) -> memory_pb2.Edge:

@@ -21,6 +21,7 @@ from calor.server.api.convert import (
     status_message,
     tune_message,
     type_feedback,
+    utility_factor_messages,
     window_message,
 )
 from calor.server.api.rpc import abort_with, rpc_errors
@@ -137,7 +138,9 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             validator.memory_id(request.id),
         )
         return pb.InspectResponse(
-            memory=self._memory(record), edges=[edge_message(e) for e in edges]
+            memory=self._memory(record),
+            edges=[edge_message(e) for e in edges],
+            utility_factors=utility_factor_messages(record.record, self._rt.clock.now()),
         )
 
     @rpc_errors

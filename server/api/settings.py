@@ -175,6 +175,7 @@ _SCALARS: dict[str, _Rule] = {
     "dream_archive_recalls": _count("archive_recalls", 0, group="dreams"),
     "dream_prune_heat": _dream("prune_heat"),
     "dream_channel_cooling": _dream("channel_cooling"),
+    "dream_max_conflicts": _count("max_conflicts", 0, group="dreams"),
     "ingest_near_duplicate_similarity": _ingest("near_duplicate_similarity"),
     "ingest_near_duplicate_penalty": _ingest("near_duplicate_penalty"),
     "ingest_novelty_neighbours": _count("novelty_neighbours", 1, 1000, group="ingest"),

@@ -68,11 +68,6 @@ def shows(record: MemoryRecord | None) -> Shows | None:
     return (record.text, record.memory_type, record.created_at, tags, record.keystone, state)
 
 
-def deprecated(record: MemoryRecord) -> bool:
-    """Whether a newer memory supersedes this one (it is left out of cards and blocks)."""
-    return record.tags.get("deprecated") == "true"
-
-
 def one_line(text: str) -> str:
     """A memory's text on one line: every run of whitespace becomes one space."""
     return _SPACE.sub(" ", text).strip()
@@ -235,7 +230,7 @@ def _known(channel: Channel, ids: Iterable[str], clocks: Clocks) -> list[MemoryR
         if record is None:
             continue
         record = channel.evolved(record, clocks)
-        if record.state in _KNOWN and not deprecated(record):
+        if record.state in _KNOWN and not record.superseded:
             known.append(record)
     return known
 

@@ -40,7 +40,6 @@ from calor.server.engine.cards import (
     Distinct,
     EntityCards,
     day,
-    deprecated,
     one_line,
 )
 from calor.server.engine.channel import Channel
@@ -432,7 +431,7 @@ def _scored(
             continue
         record = channel.evolved(stored, clocks)
         heat = current_heat(record, policy, clocks)
-        if record.state not in _LIVE or deprecated(record) or not fidelity_admits(policy, heat):
+        if record.state not in _LIVE or record.superseded or not fidelity_admits(policy, heat):
             continue
         keyword = evidence.get(memory_id, (0.0, 0.0))[1]
         items.append(

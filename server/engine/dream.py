@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from calor.models.contrast import contradiction
+from calor.models.contrast import contradiction, same_numbers
 from calor.server.engine.changes import changing
 from calor.server.engine.channel import Channel
 from calor.server.events import EventRecord
@@ -26,10 +26,11 @@ from calor.server.storage.store import MemoryStore
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
 from calor.server.thermo.policy import ChannelPolicy, DreamThresholds
 
-__all__ = ["DreamReport", "Dreamer"]
+__all__ = ["DreamReport", "Dreamer", "keep_apart"]
 
 # Every threshold of a dream is the channel's setting: ``ChannelPolicy.dreams``.
 _NEIGHBOURS = 16
+_KEPT_APART = "kept_apart_from"  # the tag naming the memories a user separated
 _LIVE = frozenset({ACTIVE, COLD})
 DAY = 86_400.0
 
@@ -46,6 +47,7 @@ class DreamReport:
     pruned: int = 0
     archived: int = 0
     conflicts: int = 0
+    conflicts_unopened: int = 0
     channel_heat_before: float = 0.0
     channel_heat_after: float = 0.0
     duration_ms: int = 0
@@ -83,8 +85,13 @@ class Dreamer:
         pairs = _close_pairs(snapshot, least)
         with channel.lock:
             pairs = {p: s for p, s in pairs.items() if all(_live(channel, i) for i in p)}
-            report.conflicts = self._detect_conflicts(channel, pairs, policy)
-            clusters = self._clusters(channel, pairs, policy, clocks)
+            contradicting = self._contradictions(channel, pairs, policy)
+            opened = contradicting[: policy.dreams.max_conflicts]
+            self._open_conflicts(channel, opened)
+            report.conflicts = len(opened)
+            report.conflicts_unopened = len(contradicting) - len(opened)
+            disputed = {(a, b) for a, b, _ in contradicting}
+            clusters = self._clusters(channel, pairs, disputed, policy, clocks)
         for cluster in clusters:
             with channel.lock:
                 if all(_live(channel, i) for i in cluster):
@@ -148,34 +155,55 @@ class Dreamer:
         wanted = frozenset({COLD}) if cold_only else _LIVE
         return sorted(i for i, r in channel.records.items() if r.state in wanted)
 
-    def _detect_conflicts(
+    def _contradictions(
         self, channel: Channel, pairs: dict[tuple[str, str], float], policy: ChannelPolicy
-    ) -> int:
-        found: dict[tuple[str, str], str] = {}
-        for (a, b), similarity in sorted(pairs.items()):
+    ) -> list[tuple[str, str, str]]:
+        """The close pairs that contradict each other and are not in conflict yet, the
+        closest first, each with why. A memory superseded or deprecated is settled
+        already: it contradicts nothing."""
+        found: list[tuple[float, str, str, str]] = []
+        for (a, b), similarity in pairs.items():
             if similarity < policy.dreams.conflict_similarity or (a, b) in channel.conflicts:
                 continue
-            reason = contradiction(channel.records[a].text, channel.records[b].text)
+            first, second = channel.records[a], channel.records[b]
+            if first.superseded or second.superseded:
+                continue
+            reason = contradiction(first.text, second.text)
             if reason is not None:
-                found[(a, b)] = reason
-        with changing(self._store, channel) as change:
-            for (a, b), reason in found.items():
-                change.open_conflict(a, b, reason)
-        return len(found)
+                found.append((-similarity, a, b, reason))
+        return [(a, b, reason) for _, a, b, reason in sorted(found)]
+
+    def _open_conflicts(self, channel: Channel, conflicts: list[tuple[str, str, str]]) -> None:
+        if conflicts:
+            with changing(self._store, channel) as change:
+                for a, b, reason in conflicts:
+                    change.open_conflict(a, b, reason)
 
     def _clusters(
         self,
         channel: Channel,
         pairs: dict[tuple[str, str], float],
+        disputed: set[tuple[str, str]],
         policy: ChannelPolicy,
         clocks: Clocks,
     ) -> list[list[str]]:
-        """Groups in which every pair is at least the merge similarity close and none is
-        in conflict; the first of each group survives (a keystone, else the hottest)."""
+        """Groups in which every pair is at least the merge similarity close, none in
+        conflict (open, or ``disputed`` in this dream) or kept apart (:func:`keep_apart`),
+        none superseded (history stays as it was said), and every pair giving the same
+        numbers (a paraphrase does; "episode 3" and "episode 4" are two memories); the
+        first of each group survives (a keystone, else the hottest)."""
+        records = channel.records
         close = {
-            pair
-            for pair, similarity in pairs.items()
-            if similarity >= policy.dreams.merge_similarity and pair not in channel.conflicts
+            (a, b)
+            for (a, b), similarity in pairs.items()
+            if similarity >= policy.dreams.merge_similarity
+            and (a, b) not in channel.conflicts
+            and (a, b) not in disputed
+            and b not in _kept_apart(records[a])
+            and a not in _kept_apart(records[b])
+            and not records[a].superseded
+            and not records[b].superseded
+            and same_numbers(records[a].text, records[b].text)
         }
         heat = {i: current_heat(channel.records[i], policy, clocks) for p in close for i in p}
         order = sorted(heat, key=lambda i: (not channel.records[i].keystone, -heat[i], i))
@@ -310,6 +338,19 @@ def _promoted_type(record: MemoryRecord, dreams: DreamThresholds) -> str | None:
     ):
         return "semantic"
     return None
+
+
+def keep_apart(restored: MemoryRecord, survivor: MemoryRecord) -> None:
+    """Mark two memories a user separated (a merge undone) so dreams never merge them
+    again; clearing the ``kept_apart_from`` tag lets them merge."""
+    for record, other in ((restored, survivor), (survivor, restored)):
+        apart = {*_kept_apart(record), other.id}
+        record.tags = {**record.tags, _KEPT_APART: ",".join(sorted(apart))}
+
+
+def _kept_apart(record: MemoryRecord) -> set[str]:
+    value = record.tags.get(_KEPT_APART, "")
+    return set(value.split(",")) if value else set()
 
 
 def _live(channel: Channel, memory_id: str) -> bool:

@@ -151,7 +151,7 @@ def _judge(
 ) -> Issue | None:
     """The issue ``text`` has with one close memory, if any."""
     quoted = _quote(record.text)
-    if _superseded(record):
+    if record.superseded:
         if similarity < tuning.stale_similarity or contradiction(text, record.text):
             return None  # unrelated, or saying the old memory holds no more: up to date
         newer = _successor(channel, record)
@@ -178,11 +178,6 @@ def _judge(
         return None
     message = f'contradicts the memory "{quoted}" ({reason})'
     return Issue(CONTRADICTION, record.id, message, similarity)
-
-
-def _superseded(record: MemoryRecord) -> bool:
-    """Whether a newer memory replaces this one (``Update(supersedes=)``, ``deprecate``)."""
-    return record.tags.get("deprecated") == "true" or bool(record.tags.get("superseded_by"))
 
 
 def _successor(channel: Channel, record: MemoryRecord) -> tuple[MemoryRecord, np.ndarray] | None:

@@ -159,10 +159,10 @@ def _one(
     nearest = candidates[0][0] if candidates else 0.0
     provenance = dict(item.provenance)
     confirms: list[str] = []
-    importance = item.importance
-    if importance is None:
-        importance = policy.default_importance * SOURCE_TRUST[item.source]
-        importance = min(1.0, max(0.0, importance + novelty_adjustment(nearest, policy.ingest)))
+    base = item.importance
+    if base is None:
+        base = policy.default_importance * SOURCE_TRUST[item.source]
+    importance = min(1.0, max(0.0, base + novelty_adjustment(nearest, policy.ingest)))
     if nearest >= policy.ingest.near_duplicate_similarity:
         provenance["near_duplicate_of"] = candidates[0][1]
         confirms.append(candidates[0][1])
@@ -185,6 +185,8 @@ def _one(
         idempotency_key=item.idempotency_key,
         interactions0=interactions,
         valence=valence(item.text),
+        surprise=min(1.0, max(0.0, 1.0 - nearest)),
+        importance_adjustment=importance - base,
     )
     if memory_type == "episodic":
         record.session = _session(item)

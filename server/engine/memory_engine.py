@@ -20,7 +20,7 @@ from calor.server.engine.cards import EntityCard, EntityCards
 from calor.server.engine.changes import Bookkeeping, changing
 from calor.server.engine.channel import Channel
 from calor.server.engine.context import ContextBuilder, ContextQuery, ContextResult, TokenCounter
-from calor.server.engine.dream import Dreamer, DreamReport
+from calor.server.engine.dream import Dreamer, DreamReport, keep_apart
 from calor.server.engine.evaluate import Evaluation, evaluate
 from calor.server.engine.feedback import TypeTally
 from calor.server.engine.ratings import Ratings
@@ -28,6 +28,7 @@ from calor.server.engine.recall_effects import heated, recall_effects
 from calor.server.engine.recall_log import RecallEntry, RecallLog, logged_hits, new_recall_id
 from calor.server.engine.registry import ChannelRegistry
 from calor.server.engine.results import Current, RecallResult, Stored
+from calor.server.engine.settling import mark_superseded, settle_conflicts
 from calor.server.engine.share import shared_copy
 from calor.server.engine.storing import StorePipeline
 from calor.server.engine.tuning import TuneReport
@@ -35,7 +36,7 @@ from calor.server.errors import FailedPreconditionError, InvalidArgumentError, N
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.recall.ranking import Hit, rank_channel, recall_window
 from calor.server.recall.temporal import TimeWindow
-from calor.server.records import ACTIVE, COLD, DELETED, MemoryRecord
+from calor.server.records import ACTIVE, COLD, DELETED, MERGED, MemoryRecord
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.gates import load_limit
@@ -358,13 +359,23 @@ class MemoryEngine:
         cause: Cause | None = None,
         extra: Bookkeeping = (),
     ) -> Current:
-        """Mark a memory superseded (a trigger's ``deprecate`` action)."""
-
-        def mark(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
-            record.tags = {**record.tags, "deprecated": "true"}
-
-        [changed] = self._change(channel, [memory_id], mark, "deprecate", cause, extra)
-        return changed
+        """Deprecate a memory (a trigger's ``deprecate`` action): settled history, see
+        :mod:`calor.server.engine.settling`."""
+        live = self.channels.existing(channel, memory_id)
+        with live.lock:
+            policy, clocks = live.policy, live.clocks()
+            record = evolve(replace(self._get(live, memory_id)), policy, clocks)
+            if record.state == DELETED:
+                raise NotFoundError(f"memory {memory_id} was forgotten")
+            mark_superseded(record, None, policy, clocks)
+            refresh_utility(record, clocks.now)
+            with changing(self._store, live) as change:
+                settle_conflicts(change, live, record, (), policy, clocks)
+                change.put(record)
+                heat = current_heat(record, policy, clocks)
+                change.log(memory_event("deprecate", record, clocks.now, heat, cause=cause))
+                change.keep(extra)
+            return live.current(record, clocks)
 
     def connect(self, channel: str, from_id: str, to_id: str, weight: float) -> Edge:
         """Link two memories of a channel by hand (a ``manual`` edge)."""
@@ -391,15 +402,27 @@ class MemoryEngine:
             if change.supersedes:
                 if change.supersedes == change.memory_id:
                     raise InvalidArgumentError("supersedes: a memory cannot supersede itself")
-                older = replace(self._get(live, change.supersedes))
-                older.tags = {**older.tags, "deprecated": "true", "superseded_by": current.id}
-                older.updated_at = clocks.now
+                older = evolve(replace(self._get(live, change.supersedes)), policy, clocks)
+                if older.state == DELETED:
+                    raise NotFoundError(f"supersedes: memory {older.id} was forgotten")
             changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
             change.apply(changed, clocks.now)
+            if older is not None:
+                mark_superseded(older, changed, policy, clocks)
+            survivor = None
+            if change.clear_merge and current.state == MERGED:
+                survivor = replace(self._get(live, current.merged_into))
+                survivor.merged_from = [i for i in survivor.merged_from if i != current.id]
+                survivor.updated_at = clocks.now
+                keep_apart(changed, survivor)
             refresh_utility(changed, clocks.now)
             with changing(self._store, live) as writing:
                 if older is not None:
+                    settle_conflicts(writing, live, older, [changed], policy, clocks)
                     writing.put(older)
+                    writing.link(changed.id, older.id, "supersedes", 1.0)
+                if survivor is not None:
+                    writing.put(survivor)
                 writing.put(changed, vector)
                 if change.text is not None:  # a corrected text settles its conflicts
                     writing.settle_all(changed.id)

@@ -80,8 +80,8 @@ def recall_effects(
 
 
 def _reach(record: MemoryRecord | None, policy: ChannelPolicy, clocks: Clocks) -> Reach | None:
-    if record is None:
-        return None
+    if record is None or record.superseded:
+        return None  # settled history neither takes nor passes heat
     record = evolve(record, policy, clocks)
     if record.state == ARCHIVED:
         return Reach(current_heat(record, policy, clocks), archived=True)

@@ -4,6 +4,8 @@ score = w_sim·(similarity + w_lex·lexical) + w_heat·heat + w_kw·keyword_over
         + temporal_boost (≤ w_temporal, fading over the fade days)
         + w_own if the memory is in the caller's own channel
         + w_source·source_trust
+        all × 0.5 for a memory a newer one superseded (or that was deprecated); such
+        memories are left out unless the query names the states it wants
 
 ``similarity`` is the cosine; ``lexical`` is the memory's BM25 score as a fraction of
 the best any memory could reach for the query. bench/README.md says what each adds.
@@ -101,6 +103,8 @@ def _passes(record: MemoryRecord, heat: float, query: RecallQuery, policy: Chann
     allowed = query.states or (_ARCHIVE_TOO if query.include_archived else _SEARCHABLE)
     if record.state not in allowed or record.state not in _ARCHIVE_TOO:
         return False
+    if record.superseded and not query.states:
+        return False  # settled history: only a states filter asks for it
     if query.memory_types and record.memory_type not in query.memory_types:
         return False
     if heat < query.min_heat:
@@ -108,6 +112,11 @@ def _passes(record: MemoryRecord, heat: float, query: RecallQuery, policy: Chann
     if not fidelity_admits(policy, heat):
         return False
     return all(record.tags.get(key) == value for key, value in query.tags)
+
+
+# What a superseded memory's score is worth when a states filter asks for it: its
+# successor, as close to the query, ranks above it.
+_SUPERSEDED = 0.5
 
 
 def rank_channel(
@@ -157,6 +166,8 @@ def rank_channel(
             + bonus
             + trust
         )
+        if record.superseded:
+            score *= _SUPERSEDED
         confidence = band(sim, keyword, policy.bands)
         if not reaches(confidence, query.min_band):
             continue

@@ -13,7 +13,7 @@ from calor.server.thermo.policy import ChannelPolicy
 
 __all__ = ["EDGE_KINDS", "Edge", "Graph", "Reach", "resonance"]
 
-EDGE_KINDS = ("semantic", "entity", "sequence", "merged", "echo", "manual")
+EDGE_KINDS = ("semantic", "entity", "sequence", "merged", "echo", "manual", "supersedes")
 
 
 @dataclass(frozen=True)

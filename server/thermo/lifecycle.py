@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MemoryRecord
 from calor.server.thermo.heat import bumped, effective_half_life, heat_at, seconds_until
 from calor.server.thermo.policy import ChannelPolicy
-from calor.server.thermo.utility import utility
+from calor.server.thermo.utility import utility, utility_factors
 
 __all__ = [
     "Clocks",
     "crossing_at",
     "apply_boost",
+    "apply_cooling",
     "apply_gain",
     "apply_keystone",
     "apply_recall",
@@ -29,6 +31,7 @@ __all__ = [
     "migrates",
     "next_change_at",
     "refresh_utility",
+    "utility_evidence",
 ]
 
 DAY = 86_400.0
@@ -174,6 +177,13 @@ def apply_boost(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, del
     record.heat0 = bumped(heat, delta)
 
 
+def apply_cooling(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
+    """Superseded: materialise heat and lower it to half the cold threshold at most, so
+    the memory reads COLD unless its type's floor holds it higher."""
+    heat = _materialise(record, policy, clocks)
+    record.heat0 = min(heat, policy.cold_threshold * 0.5)
+
+
 def apply_gain(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, gain: float) -> None:
     """Resonance: materialise heat and add a neighbour's share, capped at 1.0.
 
@@ -186,16 +196,26 @@ def apply_gain(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, gain
 
 def refresh_utility(record: MemoryRecord, now: float) -> None:
     """Recompute a memory's utility from the evidence it has gathered so far."""
-    record.utility = utility(
-        importance=record.importance,
-        memory_type=record.memory_type,
-        source=record.source,
-        valence=record.valence,
-        recall_times=record.recall_times,
-        created_at=record.created_at,
-        confirmations=record.confirmations,
-        now=now,
-    )
+    record.utility = utility(**_evidence(record, now))
+
+
+def utility_evidence(record: MemoryRecord, now: float) -> dict[str, float]:
+    """Each factor of a memory's utility as of ``now``, scored in [0, 1], by the name of
+    its weight in :class:`~calor.server.thermo.utility.UtilityWeights`."""
+    return utility_factors(**_evidence(record, now))
+
+
+def _evidence(record: MemoryRecord, now: float) -> dict[str, Any]:
+    return {
+        "importance": record.importance,
+        "memory_type": record.memory_type,
+        "source": record.source,
+        "valence": record.valence,
+        "recall_times": record.recall_times,
+        "created_at": record.created_at,
+        "confirmations": record.confirmations,
+        "now": now,
+    }
 
 
 def apply_keystone(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, on: bool) -> None:

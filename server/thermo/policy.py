@@ -73,6 +73,7 @@ class DreamThresholds:
         archive_exempt_types: Memory types archival never moves (nor keystones).
         prune_heat: Heat below which a ghost is pruned.
         channel_cooling: Share of the channel's heat a dream takes away.
+        max_conflicts: Most conflicts one dream opens, the closest pairs first.
     """
 
     conflict_similarity: float = 0.80
@@ -88,6 +89,7 @@ class DreamThresholds:
     archive_exempt_types: tuple[str, ...] = ("semantic", "procedural", "core")
     prune_heat: float = 1e-3
     channel_cooling: float = 0.50
+    max_conflicts: int = 20
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ __all__ = [
     "UtilityWeights",
     "act_r_activation",
     "utility",
+    "utility_factors",
 ]
 
 HOUR = 3_600.0
@@ -166,10 +167,37 @@ def utility(
     Returns:
         The utility, in [0, 1].
     """
+    scores = utility_factors(
+        importance=importance,
+        memory_type=memory_type,
+        source=source,
+        valence=valence,
+        recall_times=recall_times,
+        created_at=created_at,
+        confirmations=confirmations,
+        now=now,
+    )
+    blended = math.fsum(getattr(weights, name) * score for name, score in scores.items())
+    return _unit(blended / weights.total)
+
+
+def utility_factors(
+    *,
+    importance: float,
+    memory_type: str,
+    source: str,
+    valence: float,
+    recall_times: Sequence[float],
+    created_at: float,
+    confirmations: int,
+    now: float,
+) -> dict[str, float]:
+    """Each piece of evidence :func:`utility` blends, scored in [0, 1], by the name of
+    its weight in :class:`UtilityWeights` (the arguments are :func:`utility`'s)."""
     presentations = list(recall_times) or [created_at]
     last_access = max(presentations)
     recalls = len(recall_times)
-    scores = {
+    return {
         "importance": _unit(importance),
         "frequency": _unit(math.log1p(recalls) / math.log1p(_FREQUENCY_SATURATION)),
         "recency": _unit(math.exp2(-max(now - last_access, 0.0) / _RECENCY_HALF_LIFE)),
@@ -180,5 +208,3 @@ def utility(
         "confirmations": _unit(1.0 - math.exp(-max(confirmations, 0) / _CONFIRMATION_SCALE)),
         "activation": _activation_score(act_r_activation(presentations, now)),
     }
-    blended = math.fsum(getattr(weights, name) * score for name, score in scores.items())
-    return _unit(blended / weights.total)
