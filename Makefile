@@ -13,7 +13,7 @@ TYPECHECK := $(VENV)/typecheck
 NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 
-.PHONY: serve test proto lint bench bench-quality check-stubs clean
+.PHONY: serve test soak proto lint bench bench-quality check-stubs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ lint: $(STAMP) $(BUF)
 
 test: $(STAMP) $(NODE_STAMP) lint
 	$(VENV)/bin/pytest -q
+
+## The long fault and load runs (left out of `make test`): 20 kill -9 rounds under mixed
+## load (SOAK_ROUNDS), 32 clients for 60 s, 500 fuzzed requests per RPC (FUZZ_EXAMPLES).
+soak: $(STAMP)
+	SOAK_ROUNDS=$${SOAK_ROUNDS:-20} $(VENV)/bin/pytest -q -s -m soak \
+	  tests/test_crash_load.py tests/test_load.py tests/test_fuzz.py
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

@@ -74,14 +74,7 @@ class Server:
 
     def rss_mb(self) -> float | None:
         """The server's resident memory in MB (Linux), or None."""
-        try:
-            status = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return None
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-        return None
+        return rss_mb(self.pid)
 
     def data_mb(self) -> float:
         """The size of the data dir in MB."""
@@ -113,3 +106,17 @@ class Server:
             self.process.wait()
         self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """Resident memory of a process in MB (Linux), or None."""
+    if pid is None:
+        return None
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None

@@ -4,6 +4,7 @@ from calor.client._subscription import Backoff, EventStream
 from calor.client.aio import AsyncCalorClient
 from calor.client.client import CalorClient
 from calor.client.errors import (
+    AlreadyExistsError,
     CalorClientError,
     DeadlineExceededError,
     InvalidArgumentError,
@@ -12,12 +13,14 @@ from calor.client.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
     ServerError,
+    UnauthenticatedError,
     UnavailableError,
     UnimplementedError,
     from_rpc_error,
 )
 
 __all__ = [
+    "AlreadyExistsError",
     "AsyncCalorClient",
     "Backoff",
     "CalorClient",
@@ -30,6 +33,7 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "ServerError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
     "from_rpc_error",

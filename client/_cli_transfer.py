@@ -64,7 +64,9 @@ def _import(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str
     name = "stdin" if args.file == "-" else args.file
     with _input(args.file) as stream, Progress(_size(stream), label="import") as progress:
         ids = client.import_markdown(
-            _blocks(stream, name, args.chunk_chars, progress), chunk_chars=args.chunk_chars
+            _blocks(stream, name, args.chunk_chars, progress),
+            chunk_chars=args.chunk_chars,
+            remap_ids=args.remap_ids,
         )
     response = memory_service_pb2.ImportResponse(ids=ids)
     return response, f"imported {len(ids)} {_memories(len(ids))}"
@@ -194,4 +196,10 @@ def add_transfer_commands(
         default=DEFAULT_CHUNK_CHARS,
         metavar="N",
         help=f"characters per message sent (default {DEFAULT_CHUNK_CHARS})",
+    )
+    imports.add_argument(
+        "--remap-ids",
+        action="store_true",
+        help="give the imported memories new ids (needed to import into a channel that"
+        " holds the exported ones, e.g. its own)",
     )

@@ -18,6 +18,7 @@ __all__ = [
     "ClientBase",
     "ContextOptions",
     "FilterOptions",
+    "ForgetOptions",
     "ListOptions",
     "RATING_NAMES",
     "RecallOptions",
@@ -85,8 +86,11 @@ class FilterOptions(TypedDict, total=False):
         memory_types: Only these types (names or ``MemoryType`` values).
         states: Only these states (names or ``MemoryState`` values).
         tags: Only memories carrying all these tags.
-        time_from: Only memories created at or after this moment.
-        time_to: Only memories created at or before this moment.
+        time_from: Listing: only memories created at or after this moment. Recall:
+            boost the memories created in the window (a boost, not a filter), instead
+            of a window the query names.
+        time_to: Listing: only memories created at or before this moment. Recall: the
+            window's end (default now).
     """
 
     memory_types: Iterable[EnumArg]
@@ -141,6 +145,8 @@ class UpdateOptions(TypedDict, total=False):
         tags: The new tags, replacing the old ones (``{}`` clears them).
         importance: The new importance, 0..1.
         supersedes: The id of an older memory this one replaces; it is deprecated.
+        clear_merge: Restore a merged memory to its own life; the pair is never merged
+            again.
     """
 
     text: str | None
@@ -148,6 +154,7 @@ class UpdateOptions(TypedDict, total=False):
     tags: Mapping[str, str] | None
     importance: float | None
     supersedes: str
+    clear_merge: bool
 
 
 def check_options(options: Mapping[str, object], known: frozenset[str]) -> None:
@@ -275,15 +282,47 @@ def update_request(
         tags=options.get("tags"),
         importance=options.get("importance"),
         supersedes=options.get("supersedes", ""),
+        clear_merge=options.get("clear_merge", False),
         update_mask=FieldMask(paths=paths),
     )
 
 
-def forget_request(channel: str, ids: str | Iterable[str]) -> memory_service_pb2.ForgetRequest:
-    """The ``ForgetRequest`` for one id or many."""
-    return memory_service_pb2.ForgetRequest(
+class ForgetOptions(TypedDict, total=False):
+    """A filter of ``forget``: every memory matching all the filters given is forgotten.
+
+    Attributes:
+        memory_types: Only memories of these types (names or ``MemoryType`` values).
+        states: Only memories in these states (names or ``MemoryState`` values).
+        tags: Only memories carrying all these tags.
+        created_before: Only memories created at or before this moment (naive means UTC).
+    """
+
+    memory_types: Iterable[EnumArg]
+    states: Iterable[EnumArg]
+    tags: Mapping[str, str] | None
+    created_before: datetime | None
+
+
+def forget_request(
+    channel: str, ids: str | Iterable[str], /, **options: Unpack[ForgetOptions]
+) -> memory_service_pb2.ForgetRequest:
+    """The ``ForgetRequest`` for one id or many, and a filter when one is given.
+
+    Filters left out or empty send no filter at all, so ids alone forget only them.
+    """
+    check_options(options, ForgetOptions.__optional_keys__)
+    request = memory_service_pb2.ForgetRequest(
         channel=channel, ids=[ids] if isinstance(ids, str) else list(ids)
     )
+    spec = memory_service_pb2.ForgetFilter(
+        memory_types=[parse_type(t) for t in options.get("memory_types", ())],
+        states=[parse_state(s) for s in options.get("states", ())],
+        tags=options.get("tags"),
+        created_before=_optional_timestamp(options.get("created_before")),
+    )
+    if spec.ListFields():
+        request.filter.CopyFrom(spec)
+    return request
 
 
 class ContextOptions(TypedDict, total=False):

@@ -10,7 +10,7 @@ can read it and correct itself; the MCP server itself keeps running.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -24,9 +24,11 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from calor.client._cli_connection import hint
+from calor.client._credentials import ChannelSecurity, open_aio_channel
 from calor.client._mcp_tools import TOOLS, Reply, ToolSpec
 from calor.client.aio import AsyncCalorClient
-from calor.client.errors import CalorClientError, UnavailableError
+from calor.client.errors import CalorClientError
 
 __all__ = ["McpOptions", "build_server", "call_tool", "open_channel", "run"]
 
@@ -51,22 +53,19 @@ class McpOptions:
         target: The server's ``host:port``.
         channel: The channel tools work in when a call names none.
         timeout: Seconds each gRPC call may take; None waits for ever.
+        security: The API key every call carries and the TLS to speak (from
+            ``--api-key``/``CALOR_API_KEY`` and ``--tls-ca``/``CALOR_TLS_CA``).
     """
 
     target: str
     channel: str
     timeout: float | None = 30.0
-    # Access control (a later issue) adds the caller's API key here, from --api-key or
-    # CALOR_API_KEY; open_channel sends it with every call as metadata.
+    security: ChannelSecurity = field(default_factory=ChannelSecurity)
 
 
 def open_channel(options: McpOptions) -> grpc.aio.Channel:
-    """The gRPC channel every tool calls through.
-
-    Credentials join here once the server checks them: an interceptor adding the
-    API key to each call's metadata.
-    """
-    return grpc.aio.insecure_channel(options.target)
+    """The gRPC channel every tool calls through, carrying the key and TLS of ``options``."""
+    return open_aio_channel(options.target, options.security)
 
 
 def _result(reply: Reply) -> types.CallToolResult:
@@ -106,10 +105,7 @@ async def call_tool(
         return _error(grpc.StatusCode.INVALID_ARGUMENT.name, _bad_arguments(err))
     except CalorClientError as err:
         _log.info("%s failed: %s", spec.name, err)
-        hint = ""
-        if isinstance(err, UnavailableError):
-            hint = f"(is a Calor server running at {calor.target}? `calor serve` starts one)"
-        return _error(err.code.name, err.details, hint)
+        return _error(err.code.name, err.details, hint(err, calor.target))
     return _result(reply)
 
 

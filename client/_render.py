@@ -14,12 +14,15 @@ from calor.client._enums import action_name, event_name, short_name, state_name,
 from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 __all__ = [
+    "dreamed",
+    "edge_line",
     "event_line",
     "firings",
     "identity",
     "inspected",
     "json_line",
     "listed",
+    "matches",
     "memory_line",
     "recalled",
     "stored",
@@ -83,16 +86,18 @@ def stored(memory: memory_pb2.Memory) -> str:
     return f"stored {memory_line(memory)}"
 
 
-def recalled(response: memory_service_pb2.RecallResponse) -> str:
-    """One numbered line per hit, best first: score, band, id, type, heat and text."""
+def recalled(response: memory_service_pb2.RecallResponse, channel: str = "") -> str:
+    """One numbered line per hit, best first: score, band, id, type, heat and text; a hit
+    from a channel other than ``channel`` names its channel."""
     lines = []
     window = response.temporal_window
     if window.phrase or window.start.seconds or window.end.seconds:
         phrase = f'"{window.phrase}" ' if window.phrase else ""
         lines.append(f"time window {phrase}{_when(window.start)} .. {_when(window.end)}")
     for rank, hit in enumerate(response.hits, start=1):
+        where = f" [{hit.memory.channel}]" if channel and hit.memory.channel != channel else ""
         lines.append(
-            f"{rank}. [{hit.score:.2f} {hit.band}] {memory_line(hit.memory)}  "
+            f"{rank}. [{hit.score:.2f} {hit.band}] {memory_line(hit.memory)}{where}  "
             f"{_one_line(hit.memory.text)}"
         )
     return "\n".join(lines) if response.hits else "\n".join([*lines, "no memories found"])
@@ -130,6 +135,28 @@ def inspected(response: memory_service_pb2.InspectResponse) -> str:
             other = edge.to_id if edge.from_id == m.id else edge.from_id
             lines.append(f"  {kind:<10}{edge.weight:.2f}  {other}")
     return "\n".join(lines)
+
+
+def edge_line(edge: memory_pb2.Edge) -> str:
+    """``FROM -> TO (kind, weight 0.80)``."""
+    kind = short_name(memory_pb2.EdgeKind, "EDGE_KIND_", edge.kind)
+    return f"{edge.from_id} -> {edge.to_id} ({kind}, weight {edge.weight:.2f})"
+
+
+def dreamed(report: memory_service_pb2.DreamResponse) -> str:
+    """A dream's report on one line: what each step changed, the channel's heat, the time."""
+    unopened = (
+        f" ({report.conflicts_unopened} more not opened)" if report.conflicts_unopened else ""
+    )
+    steps = ", ".join(
+        f"{name} {getattr(report, name)}"
+        for name in ("migrated", "merged", "keystoned", "promoted", "echoed", "pruned", "archived")
+    )
+    return (
+        f"{steps}, conflicts {report.conflicts}{unopened}; "
+        f"channel heat {report.channel_heat_before:.2f} -> {report.channel_heat_after:.2f} "
+        f"in {report.duration_ms} ms"
+    )
 
 
 def listed(memories: list[memory_pb2.Memory], next_page_token: str = "") -> str:
@@ -198,6 +225,12 @@ def trigger_line(trigger: trigger_service_pb2.Trigger) -> str:
 def triggers(items: list[trigger_service_pb2.Trigger]) -> str:
     """One :func:`trigger_line` per trigger; ``no triggers`` when there are none."""
     return "\n".join(trigger_line(t) for t in items) if items else "no triggers"
+
+
+def matches(items: list[trigger_service_pb2.TriggerMatch]) -> str:
+    """Each trigger a dry run matched, then what it would do; or that none would fire."""
+    lines = [f"{trigger_line(m.trigger)}\n  would: {_one_line(m.would)}" for m in items]
+    return "\n".join(lines) if lines else "no trigger would fire"
 
 
 def firings(items: list[trigger_service_pb2.TriggerFiring]) -> str:

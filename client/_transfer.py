@@ -3,8 +3,8 @@
 ``Export`` streams a channel out as Markdown: first a header whose text counts the
 memories (``· 3 memories``), then chunks of rendered sections, each message saying how
 many sections it holds. ``Import`` takes Markdown in as a client stream: the first
-message names the channel, the rest carry only text, and the server stores everything
-or nothing.
+message names the channel (and asks to remap ids, if it does), the rest carry only
+text, and the server imports everything or nothing.
 """
 
 from __future__ import annotations
@@ -119,13 +119,17 @@ class Chunker:
         return chunk
 
 
-def _request(channel: str, chunk: str, first: bool) -> memory_service_pb2.ImportRequest:
-    """One message of an import: only the first names the channel."""
-    return memory_service_pb2.ImportRequest(channel=channel if first else "", markdown=chunk)
+def _request(
+    channel: str, chunk: str, first: bool, remap_ids: bool
+) -> memory_service_pb2.ImportRequest:
+    """One message of an import: only the first names the channel and asks to remap ids."""
+    if not first:
+        return memory_service_pb2.ImportRequest(markdown=chunk)
+    return memory_service_pb2.ImportRequest(channel=channel, markdown=chunk, remap_ids=remap_ids)
 
 
 def import_requests(
-    channel: str, source: MarkdownSource, chunk_chars: int
+    channel: str, source: MarkdownSource, chunk_chars: int, remap_ids: bool = False
 ) -> Iterator[memory_service_pb2.ImportRequest]:
     """The messages of one ``Import`` call, made as the stream pulls them.
 
@@ -140,16 +144,19 @@ def import_requests(
     def requests() -> Iterator[memory_service_pb2.ImportRequest]:
         first = True
         for chunk in chunker.chunks(source):
-            yield _request(channel, chunk, first)
+            yield _request(channel, chunk, first, remap_ids)
             first = False
         if first:
-            yield _request(channel, "", first)
+            yield _request(channel, "", first, remap_ids)
 
     return requests()
 
 
 def aimport_requests(
-    channel: str, source: MarkdownSource | AsyncIterable[str], chunk_chars: int
+    channel: str,
+    source: MarkdownSource | AsyncIterable[str],
+    chunk_chars: int,
+    remap_ids: bool = False,
 ) -> AsyncGenerator[memory_service_pb2.ImportRequest, None]:
     """:func:`import_requests` for the async client, whose source may be async too.
 
@@ -161,10 +168,10 @@ def aimport_requests(
     async def requests() -> AsyncGenerator[memory_service_pb2.ImportRequest, None]:
         first = True
         async for chunk in chunker.achunks(source):
-            yield _request(channel, chunk, first)
+            yield _request(channel, chunk, first, remap_ids)
             first = False
         if first:
-            yield _request(channel, "", first)
+            yield _request(channel, "", first, remap_ids)
 
     return requests()
 

@@ -11,15 +11,17 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calor.client import _convert, _convert_triggers, _enums, _transfer
+from calor.client import _convert, _convert_settings, _convert_triggers, _enums, _transfer
 from calor.client._convert import (
     ContextOptions,
+    ForgetOptions,
     ListOptions,
     RecallOptions,
     StoreOptions,
     UpdateOptions,
 )
 from calor.client._convert_triggers import TriggerOptions
+from calor.client._credentials import ChannelSecurity, PemSource, open_aio_channel
 from calor.client._enums import EnumArg
 from calor.client._subscription import Backoff, Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
@@ -28,6 +30,8 @@ from calor.v1 import (
     memory_pb2,
     memory_service_pb2,
     memory_service_pb2_grpc,
+    settings_service_pb2,
+    settings_service_pb2_grpc,
     trigger_service_pb2,
     trigger_service_pb2_grpc,
 )
@@ -53,8 +57,20 @@ class AsyncCalorClient(_convert.ClientBase):
         target: The server's ``host:port``.
         channel: The memory channel calls use unless they pass ``channel=``.
         timeout: Seconds each call may take; None waits for ever.
-        grpc_channel: A ready ``grpc.aio.Channel`` to use instead of an insecure
-            channel to ``target``. The caller keeps it: :meth:`close` leaves it open.
+        api_key: The API key sent with every call; None reads ``$CALOR_API_KEY``.
+        tls: Speak TLS, trusting the system's root certificates.
+        tls_ca: Speak TLS trusting these CA certificates (path or PEM bytes).
+        tls_cert: A client certificate for mutual TLS (path or PEM bytes).
+        tls_key: Its private key (path or PEM bytes).
+        grpc_channel: A ready ``grpc.aio.Channel`` to use instead of one the client
+            opens; it carries its own credentials, so ``api_key`` and the ``tls``
+            arguments must be left out. The caller keeps it: :meth:`close` leaves it
+            open.
+
+    Raises:
+        InvalidArgumentError: The key or a PEM argument is malformed, or ``tls_cert``
+            comes without ``tls_key``.
+        OSError: A certificate or key file cannot be read.
     """
 
     def __init__(
@@ -63,15 +79,29 @@ class AsyncCalorClient(_convert.ClientBase):
         *,
         channel: str = "default",
         timeout: float | None = 30.0,
+        api_key: str | None = None,
+        tls: bool = False,
+        tls_ca: PemSource | None = None,
+        tls_cert: PemSource | None = None,
+        tls_key: PemSource | None = None,
         grpc_channel: grpc.aio.Channel | None = None,
     ) -> None:
         super().__init__(target, channel, timeout)
+        security = (api_key, tls_ca, tls_cert, tls_key)
         self._owns_channel = grpc_channel is None
-        self._grpc_channel = (
-            grpc.aio.insecure_channel(target) if grpc_channel is None else grpc_channel
-        )
+        if grpc_channel is None:
+            grpc_channel = open_aio_channel(
+                target,
+                ChannelSecurity.of(
+                    api_key=api_key, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+                ),
+            )
+        elif tls or any(value is not None for value in security):
+            raise TypeError("grpc_channel carries its own credentials: no api_key or tls_*")
+        self._grpc_channel = grpc_channel
         self._stub = memory_service_pb2_grpc.MemoryServiceStub(self._grpc_channel)
         self._triggers = trigger_service_pb2_grpc.TriggerServiceStub(self._grpc_channel)
+        self._settings = settings_service_pb2_grpc.SettingsServiceStub(self._grpc_channel)
         self._health = health_pb2_grpc.HealthStub(self._grpc_channel)
 
     async def close(self) -> None:
@@ -183,11 +213,33 @@ class AsyncCalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return (await self._stub.Boost(request, timeout=self.timeout)).memory
 
-    async def forget(self, ids: str | Iterable[str], *, channel: str | None = None) -> int:
-        """Forget memories by id; returns how many were forgotten."""
-        request = _convert.forget_request(self._in(channel), ids)
+    async def forget(
+        self,
+        ids: str | Iterable[str] = (),
+        *,
+        channel: str | None = None,
+        **filters: Unpack[ForgetOptions],
+    ) -> int:
+        """Forget memories by id and by filter; see :meth:`CalorClient.forget`."""
+        request = _convert.forget_request(self._in(channel), ids, **filters)
         with translate_rpc_errors():
             return int((await self._stub.Forget(request, timeout=self.timeout)).forgotten)
+
+    async def connect(
+        self, from_id: str, to_id: str, *, weight: float = 0.0, channel: str | None = None
+    ) -> memory_pb2.Edge:
+        """Link two memories by hand; see :meth:`CalorClient.connect`."""
+        request = memory_service_pb2.ConnectRequest(
+            channel=self._in(channel), from_id=from_id, to_id=to_id, weight=weight
+        )
+        with translate_rpc_errors():
+            return (await self._stub.Connect(request, timeout=self.timeout)).edge
+
+    async def drop_channel(self, channel: str) -> int:
+        """Remove a whole channel; see :meth:`CalorClient.drop_channel`."""
+        request = memory_service_pb2.DropChannelRequest(channel=channel)
+        with translate_rpc_errors():
+            return int((await self._stub.DropChannel(request, timeout=self.timeout)).dropped)
 
     async def identity(self, *, channel: str | None = None) -> memory_service_pb2.IdentityResponse:
         """The channel's status; see :meth:`CalorClient.identity`."""
@@ -258,6 +310,15 @@ class AsyncCalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return await self._stub.Dream(request, timeout=self.timeout)
 
+    async def offer(
+        self, entropy: bytes | str, *, channel: str | None = None
+    ) -> memory_service_pb2.OfferResponse:
+        """Offer what a channel took in; see :meth:`CalorClient.offer`."""
+        data = entropy.encode() if isinstance(entropy, str) else entropy
+        request = memory_service_pb2.OfferRequest(channel=self._in(channel), entropy=data)
+        with translate_rpc_errors():
+            return await self._stub.Offer(request, timeout=self.timeout)
+
     async def export(
         self, *, channel: str | None = None, include_archived: bool = False
     ) -> AsyncGenerator[memory_service_pb2.ExportResponse, None]:
@@ -280,14 +341,15 @@ class AsyncCalorClient(_convert.ClientBase):
         *,
         channel: str | None = None,
         chunk_chars: int = DEFAULT_CHUNK_CHARS,
+        remap_ids: bool = False,
     ) -> list[str]:
-        """Store the memories that Markdown holds, all or nothing.
+        """Import the memories that Markdown holds, all or nothing.
 
         See :meth:`CalorClient.import_markdown`; ``source`` may also be an async
         iterable of pieces (a plain iterable is read on the event loop). If reading
         it raises, the call is cancelled, nothing is stored, and the error propagates.
         """
-        requests = _transfer.aimport_requests(self._in(channel), source, chunk_chars)
+        requests = _transfer.aimport_requests(self._in(channel), source, chunk_chars, remap_ids)
         call = self._stub.Import(timeout=self.timeout)
         try:
             async with aclosing(requests):
@@ -310,6 +372,27 @@ class AsyncCalorClient(_convert.ClientBase):
                 health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
             )
         return _enums.serving_status(response.status)
+
+    async def get_settings(self, *, channel: str | None = None) -> memory_pb2.ChannelSettings:
+        """The settings in force in a channel; see :meth:`CalorClient.get_settings`."""
+        request = settings_service_pb2.GetSettingsRequest(channel=self._in(channel))
+        with translate_rpc_errors():
+            return (await self._settings.GetSettings(request, timeout=self.timeout)).settings
+
+    async def update_settings(
+        self, *, channel: str | None = None, **fields: object
+    ) -> memory_pb2.ChannelSettings:
+        """Change the settings named; see :meth:`CalorClient.update_settings`."""
+        request = _convert_settings.settings_request(self._in(channel), fields)
+        with translate_rpc_errors():
+            return (await self._settings.UpdateSettings(request, timeout=self.timeout)).settings
+
+    async def status(self) -> settings_service_pb2.ServerStatusResponse:
+        """How the whole server is doing (see :meth:`CalorClient.status`)."""
+        stub = settings_service_pb2_grpc.SettingsServiceStub(self._grpc_channel)
+        request = settings_service_pb2.ServerStatusRequest()
+        with translate_rpc_errors():
+            return await stub.ServerStatus(request, timeout=self.timeout)
 
     # --- triggers and events --------------------------------------------------------
 

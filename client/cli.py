@@ -13,21 +13,34 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from google.protobuf.message import Message
 
 from calor.client import _render
+from calor.client._cli_admin import add_admin_commands
 from calor.client._cli_agent import add_agent_commands
+from calor.client._cli_connection import add_connection_options, connection_arguments, hint
+from calor.client._cli_health import add_health_command
+from calor.client._cli_keys import add_keys_commands, run_keys
+from calor.client._cli_limits import add_limit_options, limit_settings
+from calor.client._cli_memory import (
+    add_forget_command,
+    add_memory_commands,
+    add_recall_command,
+    key_value,
+    moment,
+)
+from calor.client._cli_settings import add_settings_commands
+from calor.client._cli_status import add_status_command
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._cli_tune import add_tune_command
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client._subscription import Backoff
 from calor.client.client import CalorClient
-from calor.client.errors import CalorClientError, InvalidArgumentError, UnavailableError
+from calor.client.errors import CalorClientError, InvalidArgumentError
 from calor.v1 import memory_service_pb2
 
 __all__ = ["main"]
@@ -55,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     if args.command == "serve":
         return _serve(args)
+    if args.command == "keys":
+        return run_keys(args)
     if args.command == "check":
         return _check(args)
     if args.command == "mcp":
@@ -62,15 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     output: Output | None = None
     try:
-        client = CalorClient(args.target, channel=args.channel, timeout=args.call_timeout)
+        client = CalorClient(
+            args.target,
+            channel=args.channel,
+            timeout=args.call_timeout,
+            **connection_arguments(args),
+        )
         with client, _quiet_broken_pipe():  # `calor export | head` ends quietly
             output = handler(client, args)
     except CalorClientError as err:
         print(f"error: {err}", file=sys.stderr)
-        if isinstance(err, UnavailableError):
-            print(
-                f"(is a server running at {args.target}? `calor serve` starts one)", file=sys.stderr
-            )
+        if remedy := hint(err, args.target):
+            print(remedy, file=sys.stderr)
         return 2 if isinstance(err, InvalidArgumentError) else 1
     except OSError as err:  # a file to import or export to that cannot be opened, …
         print(f"error: {err}", file=sys.stderr)
@@ -119,6 +137,17 @@ def _chain_depth(value: str) -> int:
     return depth
 
 
+def _seconds(value: str) -> float:
+    """A number of seconds, 0 or more."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {value}")
+    return seconds
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run a server in this process until SIGTERM or SIGINT."""
     # Imported here so that the client never loads server code (or the model) otherwise.
@@ -133,12 +162,16 @@ def _serve(args: argparse.Namespace) -> int:
         "model_dir": args.model_dir,
         "webhook_allow": tuple(args.webhook_allow) if args.webhook_allow else None,
         "max_chain_depth": args.max_chain_depth,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_client_ca": args.tls_client_ca,
+        "metrics_port": args.metrics_port,
+        "log_format": args.log_format,
+        "auth_file": args.auth_file,
+        "purge_delay_seconds": args.purge_delay,
+        **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
-    # The command is the application, so it (not the server library) decides where logs go.
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         serve(replace(ServerConfig(), **changes))
     except CalorError as err:  # a missing model, a store made by another model, …
@@ -153,11 +186,17 @@ def _serve(args: argparse.Namespace) -> int:
 def _mcp(args: argparse.Namespace) -> int:
     """Serve the memory tools to an MCP host on stdin and stdout until it closes stdin."""
     # Imported here: only this command needs the MCP SDK.
+    from calor.client._credentials import ChannelSecurity
     from calor.client._mcp import McpOptions, run
 
     logging.basicConfig(level=logging.WARNING, format="calor mcp: %(levelname)s %(message)s")
     try:
-        run(McpOptions(target=args.target, channel=args.channel))
+        security = ChannelSecurity.of(**connection_arguments(args))
+    except (CalorClientError, OSError) as err:  # a bad key, a certificate file missing, …
+        print(f"error: {err}", file=sys.stderr)
+        return 2 if isinstance(err, InvalidArgumentError) else 1
+    try:
+        run(McpOptions(target=args.target, channel=args.channel, security=security))
     except KeyboardInterrupt:
         return 130
     return 0
@@ -227,17 +266,6 @@ def _store(client: CalorClient, args: argparse.Namespace) -> Output:
     return memory, _render.stored(memory)
 
 
-def _recall(client: CalorClient, args: argparse.Namespace) -> Output:
-    response = client.recall(
-        args.query,
-        limit=args.limit,
-        peek=args.peek,
-        memory_types=args.type,
-        include_archived=args.include_archived,
-    )
-    return response, _render.recalled(response)
-
-
 def _inspect(client: CalorClient, args: argparse.Namespace) -> Output:
     response = client.inspect(args.id)
     return response, _render.inspected(response)
@@ -255,12 +283,6 @@ def _list(client: CalorClient, args: argparse.Namespace) -> Output:
     return response, _render.listed(list(response.memories), response.next_page_token)
 
 
-def _forget(client: CalorClient, args: argparse.Namespace) -> Output:
-    count = client.forget(args.ids)
-    plural = "memory" if count == 1 else "memories"
-    return memory_service_pb2.ForgetResponse(forgotten=count), f"forgot {count} {plural}"
-
-
 def _keystone(client: CalorClient, args: argparse.Namespace) -> Output:
     memory = client.keystone(args.id, on=not args.off)
     verb = "unpinned" if args.off else "pinned"
@@ -270,11 +292,6 @@ def _keystone(client: CalorClient, args: argparse.Namespace) -> Output:
 def _boost(client: CalorClient, args: argparse.Namespace) -> Output:
     memory = client.boost(args.id, delta=args.delta)
     return memory, f"boosted {_render.memory_line(memory)}"
-
-
-def _status(client: CalorClient, args: argparse.Namespace) -> Output:
-    response = client.identity()
-    return response, _render.identity(response, client.channel)
 
 
 def _subscribe(client: CalorClient, args: argparse.Namespace) -> None:
@@ -315,22 +332,6 @@ def _subscribe(client: CalorClient, args: argparse.Namespace) -> None:
 # --- argument parsing -------------------------------------------------------------------
 
 
-def _tag(text: str) -> tuple[str, str]:
-    """A ``--tag KEY=VALUE`` argument as a pair."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
-def _moment(text: str) -> datetime:
-    """An ISO 8601 ``--created-at`` argument; without a zone it is UTC."""
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-
-
 def _global_options(parser: argparse.ArgumentParser, *, with_defaults: bool) -> None:
     """Add ``--target``, ``--channel`` and ``--json``.
 
@@ -364,21 +365,30 @@ def _parser() -> argparse.ArgumentParser:
         prog="calor", description="Calor: memories with heat, for AI agents."
     )
     _global_options(parser, with_defaults=True)
+    add_connection_options(parser, with_defaults=True)
     parser.set_defaults(call_timeout=30.0)  # seconds per call; export and import set None
+    local = argparse.ArgumentParser(add_help=False)  # serve's: no client key or TLS trust
+    _global_options(local, with_defaults=False)
     shared = argparse.ArgumentParser(add_help=False)
     _global_options(shared, with_defaults=False)
+    add_connection_options(shared, with_defaults=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Handler | None, summary: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[shared], help=summary, description=summary)
+    def command(
+        name: str, handler: Handler | None, summary: str, parent: argparse.ArgumentParser = shared
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[parent], help=summary, description=summary)
         sub.set_defaults(handler=handler)
         return sub
 
-    serve = command("serve", None, "run a server here until SIGTERM or Ctrl-C")
+    serve = command("serve", None, "run a server here until SIGTERM or Ctrl-C", local)
     serve.add_argument(
         "--data-dir", type=Path, help="store folder (default $CALOR_DATA_DIR or ~/.calor)"
     )
-    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument(
+        "--host",
+        help="address to bind (default 127.0.0.1); any other than loopback needs --auth-file",
+    )
     serve.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default 50051)")
     serve.add_argument(
         "--model-dir",
@@ -391,7 +401,9 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         type=_allow_entry,
         help="a host and port trigger webhooks may reach, e.g. hooks.example.com:8443 or "
-        "[::1]:8080; a bare host allows its ports 80 and 443 only (repeatable; default: none)",
+        "[::1]:8080; a bare host allows its ports 80 and 443 only (repeatable; default: none). "
+        "A name must resolve to public addresses; an IP entry (10.0.0.5:8080) also allows "
+        "that exact private, loopback or link-local address",
     )
     serve.add_argument(
         "--max-chain-depth",
@@ -399,6 +411,45 @@ def _parser() -> argparse.ArgumentParser:
         type=_chain_depth,
         help="most triggers one chain of chain actions fires, counting the first (default 8)",
     )
+    serve.add_argument(
+        "--auth-file",
+        type=Path,
+        metavar="FILE",
+        help="API keys and their grants (TOML; `calor keys add` writes it): every call then "
+        "needs a key; reloaded on SIGHUP. Without it the server runs open, on loopback only",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve TLS only, presenting this PEM certificate chain (needs --tls-key)",
+    )
+    serve.add_argument("--tls-key", type=Path, metavar="FILE", help="its PEM private key")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        help="log lines as JSON objects or text (default auto: JSON unless stderr is a terminal)",
+    )
+    serve.add_argument(
+        "--purge-delay",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how soon after a forget or a dropped channel RocksDB is made to drop the "
+        "forgotten bytes from disk (default 1)",
+    )
+    serve.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="mutual TLS: refuse clients without a certificate signed by a CA in this PEM file",
+    )
+    add_limit_options(serve)
 
     check = commands.add_parser(
         "check",
@@ -430,7 +481,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     store.add_argument(
         "--tag",
-        type=_tag,
+        type=key_value,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -440,23 +491,12 @@ def _parser() -> argparse.ArgumentParser:
     store.add_argument("--importance", type=float, metavar="X", help="importance, 0..1")
     store.add_argument(
         "--created-at",
-        type=_moment,
+        type=moment,
         metavar="ISO",
         help="when it happened, to import history (default now; UTC if no zone)",
     )
 
-    recall = command("recall", _recall, "find the memories that answer a query")
-    recall.add_argument("query", metavar="QUERY")
-    recall.add_argument("--limit", type=int, default=10, metavar="N", help="at most N hits")
-    recall.add_argument("--peek", action="store_true", help="change nothing (no warming)")
-    recall.add_argument(
-        "--type",
-        choices=MEMORY_TYPE_NAMES,
-        action="append",
-        default=[],
-        help="only this type; repeat for more",
-    )
-    recall.add_argument("--include-archived", action="store_true", help="search cold storage")
+    add_recall_command(commands, shared)
 
     command("inspect", _inspect, "show one memory and its edges").add_argument("id", metavar="ID")
 
@@ -481,8 +521,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--all", action="store_true", help="every page")
 
-    forget = command("forget", _forget, "forget memories by id")
-    forget.add_argument("ids", nargs="+", metavar="ID")
+    add_forget_command(commands, shared)
 
     keystone = command("keystone", _keystone, "pin a memory so it does not decay")
     keystone.add_argument("id", metavar="ID")
@@ -498,7 +537,7 @@ def _parser() -> argparse.ArgumentParser:
         help="heat to add, -1..1 (default: the channel's boost_delta)",
     )
 
-    command("status", _status, "the channel's counts, heat, gates and conflicts")
+    add_status_command(commands, shared)
 
     command(
         "mcp",
@@ -553,7 +592,12 @@ def _parser() -> argparse.ArgumentParser:
     add_transfer_commands(commands, shared)
     add_trigger_commands(commands, shared)
     add_tune_command(commands, shared)
+    add_health_command(commands, shared)
     add_agent_commands(commands, shared)
+    add_admin_commands(commands, shared)
+    add_memory_commands(commands, shared)
+    add_settings_commands(commands, shared)
+    add_keys_commands(commands)
     return parser
 
 

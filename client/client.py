@@ -1,4 +1,4 @@
-"""The synchronous Calor client: typed methods over the Memory and Trigger services."""
+"""The synchronous Calor client: typed methods over the Memory, Settings and Trigger services."""
 
 from __future__ import annotations
 
@@ -8,31 +8,33 @@ from typing import Self, Unpack
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calor.client import _convert, _convert_triggers, _enums, _transfer
+from calor.client import _convert, _enums, _transfer
+from calor.client._client_services import SettingsCalls, TriggerCalls
 from calor.client._convert import (
     ContextOptions,
+    ForgetOptions,
     ListOptions,
     RecallOptions,
     StoreOptions,
     UpdateOptions,
 )
-from calor.client._convert_triggers import TriggerOptions
+from calor.client._credentials import ChannelSecurity, PemSource, open_channel
 from calor.client._enums import EnumArg
-from calor.client._subscription import Backoff, EventStream, Resumer
+from calor.client._subscription import EventStream
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
 from calor.client.errors import ServerError, translate_rpc_errors
 from calor.v1 import (
     memory_pb2,
     memory_service_pb2,
     memory_service_pb2_grpc,
-    trigger_service_pb2,
+    settings_service_pb2_grpc,
     trigger_service_pb2_grpc,
 )
 
 __all__ = ["CalorClient", "EventStream"]
 
 
-class CalorClient(_convert.ClientBase):
+class CalorClient(SettingsCalls, TriggerCalls):
     """A blocking client of one Calor server, working in one default channel.
 
     Making one does no I/O: the gRPC channel connects on the first call. Every
@@ -44,13 +46,31 @@ class CalorClient(_convert.ClientBase):
             memory = calor.store("The user is allergic to peanuts.", memory_type="core")
             hits = calor.recall("what is the user allergic to?").hits
 
+    Over TLS, with a key::
+
+        CalorClient("calor.example:50051", api_key=key, tls_ca="ca.pem")
+
     Args:
         target: The server's ``host:port``.
         channel: The memory channel calls use unless they pass ``channel=``.
         timeout: Seconds each call may take; None waits for ever.
-        grpc_channel: A ready ``grpc.Channel`` to use instead of an insecure
-            channel to ``target`` (for TLS or interceptors). The caller keeps it:
-            :meth:`close` leaves it open.
+        api_key: The API key sent with every call, streams included, as
+            ``authorization: Bearer KEY``; None reads ``$CALOR_API_KEY`` (unset: no key).
+        tls: Speak TLS, trusting the system's root certificates.
+        tls_ca: Speak TLS trusting these CA certificates instead: a PEM file's path,
+            or PEM bytes.
+        tls_cert: A client certificate (path or PEM bytes) for a server that asks
+            for one (mutual TLS); implies TLS.
+        tls_key: The client certificate's private key (path or PEM bytes).
+        grpc_channel: A ready ``grpc.Channel`` to use instead of one the client
+            opens (for interceptors of your own); it carries its own credentials, so
+            ``api_key`` and the ``tls`` arguments must be left out. The caller keeps
+            it: :meth:`close` leaves it open.
+
+    Raises:
+        InvalidArgumentError: The key or a PEM argument is malformed, or ``tls_cert``
+            comes without ``tls_key``.
+        OSError: A certificate or key file cannot be read.
     """
 
     def __init__(
@@ -59,13 +79,29 @@ class CalorClient(_convert.ClientBase):
         *,
         channel: str = "default",
         timeout: float | None = 30.0,
+        api_key: str | None = None,
+        tls: bool = False,
+        tls_ca: PemSource | None = None,
+        tls_cert: PemSource | None = None,
+        tls_key: PemSource | None = None,
         grpc_channel: grpc.Channel | None = None,
     ) -> None:
         super().__init__(target, channel, timeout)
+        security = (api_key, tls_ca, tls_cert, tls_key)
         self._owns_channel = grpc_channel is None
-        self._grpc_channel = grpc.insecure_channel(target) if grpc_channel is None else grpc_channel
+        if grpc_channel is None:
+            grpc_channel = open_channel(
+                target,
+                ChannelSecurity.of(
+                    api_key=api_key, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+                ),
+            )
+        elif tls or any(value is not None for value in security):
+            raise TypeError("grpc_channel carries its own credentials: no api_key or tls_*")
+        self._grpc_channel = grpc_channel
         self._stub = memory_service_pb2_grpc.MemoryServiceStub(self._grpc_channel)
         self._triggers = trigger_service_pb2_grpc.TriggerServiceStub(self._grpc_channel)
+        self._settings = settings_service_pb2_grpc.SettingsServiceStub(self._grpc_channel)
         self._health = health_pb2_grpc.HealthStub(self._grpc_channel)
 
     def close(self) -> None:
@@ -232,11 +268,71 @@ class CalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return self._stub.Boost(request, timeout=self.timeout).memory
 
-    def forget(self, ids: str | Iterable[str], *, channel: str | None = None) -> int:
-        """Forget one memory or many by id; returns how many were forgotten."""
-        request = _convert.forget_request(self._in(channel), ids)
+    def forget(
+        self,
+        ids: str | Iterable[str] = (),
+        *,
+        channel: str | None = None,
+        **filters: Unpack[ForgetOptions],
+    ) -> int:
+        """Forget memories by id, and every memory a filter matches; they leave no trace.
+
+        Example::
+
+            calor.forget(memory_types=["working"], created_before=datetime(2026, 1, 1))
+
+        Args:
+            ids: One id or many.
+            channel: Their channel, instead of the client's.
+            **filters: Types, states, tags and ``created_before``; a memory must match
+                every filter given: see :class:`~calor.client._convert.ForgetOptions`.
+
+        Returns:
+            How many memories were forgotten.
+
+        Raises:
+            InvalidArgumentError: Neither ids nor a filter were given.
+        """
+        request = _convert.forget_request(self._in(channel), ids, **filters)
         with translate_rpc_errors():
             return int(self._stub.Forget(request, timeout=self.timeout).forgotten)
+
+    def connect(
+        self, from_id: str, to_id: str, *, weight: float = 0.0, channel: str | None = None
+    ) -> memory_pb2.Edge:
+        """Link two memories of a channel by hand: a ``manual`` edge, which recall's graph
+        context and resonance follow like any other.
+
+        Args:
+            from_id: The memory the edge starts from.
+            to_id: The memory it leads to.
+            weight: The edge's weight, 0..1; 0 (the default) means 1.0.
+            channel: Their channel, instead of the client's.
+
+        Returns:
+            The edge.
+
+        Raises:
+            NotFoundError: Either memory is not in the channel, or was forgotten.
+        """
+        request = memory_service_pb2.ConnectRequest(
+            channel=self._in(channel), from_id=from_id, to_id=to_id, weight=weight
+        )
+        with translate_rpc_errors():
+            return self._stub.Connect(request, timeout=self.timeout).edge
+
+    def drop_channel(self, channel: str) -> int:
+        """Remove a whole channel: its memories, triggers, settings and logs, and the text
+        its events quoted (an admin call under access control). The channel is named
+        explicitly, never the client's default.
+
+        Returns:
+            How many memories it held (forgotten ones included); 0 for a channel that
+            holds nothing, so a retry is harmless.
+        """
+        request = memory_service_pb2.DropChannelRequest(channel=channel)
+        with translate_rpc_errors():
+            return int(self._stub.DropChannel(request, timeout=self.timeout).dropped)
 
     def identity(self, *, channel: str | None = None) -> memory_service_pb2.IdentityResponse:
         """The channel's status: counts by state and type, heat, gates, conflicts, settings."""
@@ -374,6 +470,22 @@ class CalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return self._stub.Dream(request, timeout=self.timeout)
 
+    def offer(
+        self, entropy: bytes | str, *, channel: str | None = None
+    ) -> memory_service_pb2.OfferResponse:
+        """Offer what a channel took in (a transcript, a document: text is sent as UTF-8);
+        only its size counts. When the bytes offered since the last dream reach the
+        channel's ``entropy_threshold``, the channel dreams now.
+
+        Returns:
+            The bytes accumulated towards the next dream, whether this offer made the
+            channel dream, and that dream's report.
+        """
+        data = entropy.encode() if isinstance(entropy, str) else entropy
+        request = memory_service_pb2.OfferRequest(channel=self._in(channel), entropy=data)
+        with translate_rpc_errors():
+            return self._stub.Offer(request, timeout=self.timeout)
+
     def export(
         self, *, channel: str | None = None, include_archived: bool = False
     ) -> Generator[memory_service_pb2.ExportResponse, None, None]:
@@ -416,12 +528,17 @@ class CalorClient(_convert.ClientBase):
         *,
         channel: str | None = None,
         chunk_chars: int = DEFAULT_CHUNK_CHARS,
+        remap_ids: bool = False,
     ) -> list[str]:
-        """Store the memories that Markdown holds: an export, or a plain list of notes.
+        """Import the memories that Markdown holds: an export, or a plain list of notes.
 
         The text streams to the server in chunks of ``chunk_chars`` characters, read
         from ``source`` as they are sent. The import is all or nothing: on bad input
         nothing is stored. The client's ``timeout`` bounds the whole call.
+
+        Exported memories come back as they were (heat, stability, recalls, state,
+        provenance, and the edges among them) under their exported ids, unless
+        ``remap_ids`` gives them new ones; notes and older exports are stored anew.
 
         Example::
 
@@ -434,18 +551,23 @@ class CalorClient(_convert.ClientBase):
                 ``"\r"`` in a memory's text survives).
             channel: The channel to import into, instead of the client's.
             chunk_chars: Characters per message, at least 1.
+            remap_ids: Give every imported memory a new id (the references among them
+                rewritten to match), e.g. to import an export into its own channel.
 
         Returns:
-            The new memories' ids, in document order.
+            The imported memories' ids, in document order.
 
         Raises:
             InvalidArgumentError: The Markdown is malformed (the message names the
                 line) or holds no memories, or ``chunk_chars`` is less than 1.
+            ServerError: ``ALREADY_EXISTS`` without ``remap_ids``: the channel holds
+                one of the exported ids already (the message names it); nothing is
+                imported.
             Exception: Whatever reading ``source`` raised; the call is cancelled and
                 nothing is stored.
         """
         requests = _transfer.GuardedRequests(
-            _transfer.import_requests(self._in(channel), source, chunk_chars)
+            _transfer.import_requests(self._in(channel), source, chunk_chars, remap_ids)
         )
         with translate_rpc_errors():
             call = self._stub.Import.future(requests, timeout=self.timeout)
@@ -470,169 +592,3 @@ class CalorClient(_convert.ClientBase):
                 health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
             )
         return _enums.serving_status(response.status)
-
-    # --- triggers and events --------------------------------------------------------
-
-    def create_trigger(
-        self,
-        *,
-        event: EnumArg,
-        action: EnumArg,
-        channel: str | None = None,
-        trigger_id: str = "",
-        **options: Unpack[TriggerOptions],
-    ) -> trigger_service_pb2.Trigger:
-        """Register a trigger: when ``event`` happens to a matching memory, do ``action``.
-
-        Example::
-
-            calor.create_trigger(
-                event="on_store", action="notify", filter_pattern=r"(?i)deadline",
-                config={"message": "deadline noted: {text}"},
-            )
-
-        Args:
-            event: ``"on_store"``, ``"on_recall"``, ``"on_boost"`` or ``"on_decay"``
-                (or an ``EventKind``).
-            action: ``"notify"``, ``"boost"``, ``"pin"``, ``"tag"``, ``"deprecate"``,
-                ``"webhook"`` or ``"chain"`` (or an ``ActionKind``).
-            channel: The channel it watches, instead of the client's.
-            trigger_id: Its id: 1-64 letters, digits or ``_.:-``; empty (the default)
-                lets the server choose one.
-            **options: Its action config, filters, limits and decay threshold: see
-                :class:`~calor.client._convert_triggers.TriggerOptions`.
-
-        Returns:
-            The trigger as registered, with its id.
-
-        Raises:
-            InvalidArgumentError: An unknown event, action or type, a bad pattern,
-                id or config.
-        """
-        request = _convert_triggers.trigger_request(
-            self._in(channel), event, action, trigger_id, **options
-        )
-        with translate_rpc_errors():
-            return self._triggers.CreateTrigger(request, timeout=self.timeout).trigger
-
-    def list_triggers(self, *, channel: str | None = None) -> list[trigger_service_pb2.Trigger]:
-        """The triggers of a channel, in id order, each with how often it has fired.
-
-        Args:
-            channel: The channel, instead of the client's; ``""`` lists every channel.
-
-        Returns:
-            Every trigger, fetched page by page.
-        """
-        request = trigger_service_pb2.ListTriggersRequest(channel=self._in(channel))
-        triggers: list[trigger_service_pb2.Trigger] = []
-        while True:
-            with translate_rpc_errors():
-                page = self._triggers.ListTriggers(request, timeout=self.timeout)
-            triggers.extend(page.triggers)
-            if not page.next_page_token:
-                return triggers
-            request.page_token = page.next_page_token
-
-    def delete_trigger(self, trigger_id: str) -> None:
-        """Remove a trigger; it fires no more (its history and logged events stay).
-
-        Raises:
-            NotFoundError: No trigger has that id.
-        """
-        request = trigger_service_pb2.DeleteTriggerRequest(id=trigger_id)
-        with translate_rpc_errors():
-            self._triggers.DeleteTrigger(request, timeout=self.timeout)
-
-    def trigger_history(self, trigger_id: str) -> list[trigger_service_pb2.TriggerFiring]:
-        """Every firing of a trigger, oldest first: when, on which memory, with what outcome."""
-        request = trigger_service_pb2.TriggerHistoryRequest(trigger_id=trigger_id)
-        firings: list[trigger_service_pb2.TriggerFiring] = []
-        while True:
-            with translate_rpc_errors():
-                page = self._triggers.TriggerHistory(request, timeout=self.timeout)
-            firings.extend(page.firings)
-            if not page.next_page_token:
-                return firings
-            request.page_token = page.next_page_token
-
-    def evaluate_triggers(
-        self, event: EnumArg, memory_id: str, *, channel: str | None = None
-    ) -> list[trigger_service_pb2.TriggerMatch]:
-        """A dry run: the triggers that would fire now for ``event`` on a memory.
-
-        Nothing fires and nothing changes. Each match holds the trigger and what it
-        would do (``would``).
-
-        Raises:
-            NotFoundError: No memory has that id in the channel.
-        """
-        request = trigger_service_pb2.EvaluateTriggersRequest(
-            channel=self._in(channel), event=_enums.parse_event(event), memory_id=memory_id
-        )
-        with translate_rpc_errors():
-            response = self._triggers.EvaluateTriggers(request, timeout=self.timeout)
-        return list(response.matches)
-
-    def subscribe(
-        self,
-        *,
-        channels: Iterable[str] = (),
-        kinds: Iterable[EnumArg] = (),
-        trigger_ids: Iterable[str] = (),
-        after_seq: int = 0,
-        resume: bool = True,
-        from_oldest_retained: bool = False,
-        backoff: Backoff | None = None,
-    ) -> EventStream:
-        """Stream logged events: first those the log holds after ``after_seq``, then live ones.
-
-        Each event comes once, in sequence order. A filter left empty matches
-        everything: ``channels=()`` is every channel the caller may read (pass
-        ``[calor.channel]`` for the client's own). The stream has no deadline.
-
-        When the server ends the stream because the caller fell behind
-        (RESOURCE_EXHAUSTED) or it is going away or cannot be reached
-        (UNAVAILABLE), the stream resubscribes by itself after the last event it
-        yielded, so nothing is lost or repeated. By default it keeps trying for as
-        long as the outage lasts, waiting 0.2 s doubling up to 10 s (less a random
-        share of up to half) between attempts; pass ``backoff`` to change that or to
-        give up after a number of failures in a row. Iterating blocks; close the
-        stream (from any thread) or leave its ``with`` block to cancel the call.
-
-        Example::
-
-            with calor.subscribe(channels=["agent-7"], kinds=["notify"]) as events:
-                for event in events:
-                    print(event.seq, event.message)
-
-        Args:
-            channels: Only events of these channels.
-            kinds: Only these kinds: ``"on_store"``, ``"notify"``, ``"dream"``, …
-            trigger_ids: Only events caused by these triggers.
-            after_seq: Start after this sequence number (0: the oldest event kept).
-            resume: Resubscribe after RESOURCE_EXHAUSTED and UNAVAILABLE; with False
-                those are raised like any other error.
-            from_oldest_retained: If retention dropped events after ``after_seq``,
-                start from the oldest event kept instead of raising
-                :class:`~calor.client.errors.OutOfRangeError`.
-            backoff: How to wait between resubscriptions and how many failures in a
-                row to allow (:class:`~calor.client.Backoff`); None: the default,
-                which retries for ever.
-
-        Returns:
-            An iterator of ``Event`` messages; its ``last_seq`` is the resume point.
-
-        Raises:
-            InvalidArgumentError: An unknown kind or a negative ``after_seq`` (at
-                once); a channel the server rejects (when iterating).
-            OutOfRangeError: When iterating: ``after_seq`` (or the resume point after
-                an outage) is past the end of the server's log, or retention dropped
-                events after it; ``last_seq`` or ``oldest_seq`` names the bound.
-        """
-        request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
-        request.from_oldest_retained = from_oldest_retained
-        return EventStream(
-            lambda req: self._triggers.Subscribe(req, timeout=None),
-            Resumer(request, resume=resume, backoff=backoff),
-        )

@@ -3,8 +3,10 @@
     CalorClientError              any failed call; carries ``.code`` and ``.details``
     ├── InvalidArgumentError      INVALID_ARGUMENT    bad input; nothing was changed
     ├── NotFoundError             NOT_FOUND           no such memory in this channel
-    ├── PermissionDeniedError     PERMISSION_DENIED,  the caller may not use that channel
-    │                             UNAUTHENTICATED
+    ├── AlreadyExistsError        ALREADY_EXISTS      a trigger id, or an imported memory
+    │                                                 id, is taken (import: ``remap_ids``)
+    ├── PermissionDeniedError     PERMISSION_DENIED   the caller's key is not granted that
+    │   └── UnauthenticatedError  UNAUTHENTICATED     no API key, or one the server does not know
     ├── ResourceExhaustedError    RESOURCE_EXHAUSTED  a gate or overload; ``.retry_after``
     ├── UnavailableError          UNAVAILABLE         no server, or it is starting or stopping
     ├── DeadlineExceededError     DEADLINE_EXCEEDED   the call ran out of time (it may have
@@ -32,6 +34,7 @@ from google.rpc import error_details_pb2  # type: ignore[import-untyped, unused-
 from grpc_status import rpc_status
 
 __all__ = [
+    "AlreadyExistsError",
     "CalorClientError",
     "DeadlineExceededError",
     "InvalidArgumentError",
@@ -40,6 +43,7 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "ServerError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
     "from_rpc_error",
@@ -69,8 +73,19 @@ class NotFoundError(CalorClientError):
     """The named memory does not exist in the channel."""
 
 
+class AlreadyExistsError(CalorClientError):
+    """What the call would create exists already (a trigger id, an imported memory id)."""
+
+
 class PermissionDeniedError(CalorClientError):
-    """The caller may not read or write the channel (or is not authenticated)."""
+    """The caller's API key is not granted what the call needs (a channel, or admin)."""
+
+
+class UnauthenticatedError(PermissionDeniedError):
+    """The call came without an API key, or with one the server does not know (revoked).
+
+    A kind of :class:`PermissionDeniedError`, so one ``except`` catches every refusal.
+    """
 
 
 class ResourceExhaustedError(CalorClientError):
@@ -132,8 +147,9 @@ class ServerError(CalorClientError):
 _BY_CODE: dict[grpc.StatusCode, type[CalorClientError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.UNIMPLEMENTED: UnimplementedError,

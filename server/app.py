@@ -19,16 +19,27 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from calor.models.embedder import Embedder
+from calor.server.api import auth_file
+from calor.server.api.access import AccessControl, loopback
+from calor.server.api.decoding import DecodingInterceptor
+from calor.server.api.limits import LimitsInterceptor
 from calor.server.api.memory_service import MemoryServicer
+from calor.server.api.observe import Observer, counts_reader
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings_service import SettingsServicer
 from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
 from calor.server.embedding import EmbeddingQueue, load_model
+from calor.server.engine.due import DueTimer
 from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.errors import CalorError, FailedPreconditionError, UnavailableError
 from calor.server.heap import settle
+from calor.server.logs import configure_logging
+from calor.server.metrics import Metrics, ServerCounts
+from calor.server.storage.purge import Purger
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.policy import ChannelPolicy
+from calor.server.tls import server_credentials
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.trigger_service import TriggerServicer
 from calor.triggers.webhook import WebhookPolicy
@@ -72,51 +83,128 @@ class CalorServer:
 
     def __post_init__(self) -> None:
         self.runtime = Runtime(self.config, self.clock)
-        self._trigger_api = TriggerServicer(self.runtime)
+        self._webhooks = WebhookPolicy(allowed_hosts=frozenset(self.config.webhook_allow))
+        self._trigger_api = TriggerServicer(self.runtime, self._webhooks)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._store: MemoryStore | None = None
+        self._purger: Purger | None = None
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
         self._triggers: TriggerEngine | None = None
+        self._due: DueTimer | None = None
+        self._access = AccessControl(None)
+        self.limits = LimitsInterceptor(
+            rate=self.config.rate_per_key,
+            burst=self.config.rate_burst,
+            max_subscriptions=self.config.max_subscriptions_per_key,
+        )
+        """Rates and subscription caps per caller; it knows the calls in flight."""
+        self.metrics = Metrics()
+        self.metrics_port = 0  # where /metrics is served; 0 while it is not
+        self._counts: Callable[[], ServerCounts] | None = None
 
     async def start(self) -> int:
         """Bind the port and begin loading; returns the bound port."""
+        self._access = self._access_control()
         server = grpc.aio.server(
             interceptors=self._interceptors(),
             options=[
-                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                ("grpc.max_receive_message_length", self.config.max_message_bytes),
+                ("grpc.max_send_message_length", self.config.max_message_bytes),
                 ("grpc.keepalive_time_ms", 60_000),
                 ("grpc.keepalive_timeout_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ]
+            ],
         )
         memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
             MemoryServicer(self.runtime), server
         )
         trigger_service_pb2_grpc.add_TriggerServiceServicer_to_server(self._trigger_api, server)
         settings_service_pb2_grpc.add_SettingsServiceServicer_to_server(
-            SettingsServicer(self.runtime), server
+            SettingsServicer(self.runtime, self.server_counts), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         address = f"{self.config.host}:{self.config.port}"
-        self.port = server.add_insecure_port(address)
+        self.port = self._bind(server, address)
         if self.port == 0:
             raise OSError(f"could not bind {address}")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.config.metrics_port:
+            self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", self.config.host, self.metrics_port)
         await server.start()
         self._server = server
         self._loading = asyncio.create_task(self._load(), name="calor-load")
         return self.port
 
+    def _bind(self, server: grpc.aio.Server, address: str) -> int:
+        """Add the listening port: TLS (mutual with a client CA) when the config names a
+        certificate, plaintext otherwise; the TLS files are read and checked here."""
+        config = self.config
+        credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+        if credentials is None:
+            return server.add_insecure_port(address)
+        mutual = f"; client certificates of {config.tls_client_ca}" if config.tls_client_ca else ""
+        log.info("TLS: %s%s", config.tls_cert, mutual)
+        return server.add_secure_port(address, credentials)
+
     def _interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """What every call passes through, outermost first: observation (metrics and the
-        request log), access control, then decoding and limits."""
-        return []
+        request log), access control, limits (rates, subscriptions, the call's deadline),
+        then decoding (requests that are not what the RPC takes)."""
+        return [Observer(self.metrics), self._access, self.limits, DecodingInterceptor()]
+
+    def _access_control(self) -> AccessControl:
+        """The keys of ``config.auth_file``; without one, open, and on loopback only.
+
+        Raises:
+            FailedPreconditionError: The auth file cannot be read or is malformed, or
+                the server would run open on a host other hosts can reach.
+        """
+        config = self.config
+        if config.auth_file is not None:
+            keys = auth_file.load(config.auth_file)
+            log.info("access control: %d API keys from %s", len(keys.keys), config.auth_file)
+            return AccessControl(keys)
+        if not loopback(config.host):
+            raise FailedPreconditionError(
+                f"refusing to run open on {config.host!r}: --host {config.host} needs "
+                "--auth-file FILE (create keys with `calor keys add`), or bind 127.0.0.1"
+            )
+        log.warning(
+            "calor runs open (no --auth-file): any local process may read and change every "
+            "channel; serving on loopback %s only",
+            config.host,
+        )
+        return AccessControl(None)
+
+    async def reload_auth(self) -> bool:
+        """Read the auth file again and serve its keys from the next call on (SIGHUP).
+
+        Open streams go on, except those of a revoked key (ended UNAUTHENTICATED) and of
+        a key whose grants changed (ended UNAVAILABLE, to be called again). A file that
+        cannot be read or is malformed leaves the keys in force and logs why.
+
+        Returns:
+            Whether the file's keys are now in force (False without an auth file).
+        """
+        path = self.config.auth_file
+        if path is None:
+            log.warning("auth reload asked for, but the server runs open (no --auth-file)")
+            return False
+        try:
+            keys = await asyncio.get_running_loop().run_in_executor(None, auth_file.load, path)
+        except CalorError as error:
+            log.error("auth file not reloaded, the keys in force stay: %s", error.message)
+            return False
+        self._access.reload(keys)
+        log.info("access control: reloaded %d API keys from %s", len(keys.keys), path)
+        return True
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *_SERVICE_NAMES):
@@ -136,6 +224,8 @@ class CalorServer:
             ),
         )
         self._store = store
+        self._purger = Purger(store, self.config.purge_delay_seconds)
+        self._purger.start()  # forgotten bytes leave the disk soon after each forget
         engine = await loop.run_in_executor(
             None, MemoryEngine.open, store, self.clock, ChannelPolicy()
         )
@@ -147,7 +237,7 @@ class CalorServer:
             engine,
             self.clock,
             self.runtime.run,
-            WebhookPolicy(allowed_hosts=frozenset(self.config.webhook_allow)),
+            self._webhooks,
             retention_events=self.config.event_retention,
             retention_seconds=self.config.event_retention_seconds,
             queue_size=self.config.subscriber_queue,
@@ -156,11 +246,33 @@ class CalorServer:
         await triggers.start()
         self._triggers = triggers
         self._trigger_api.attach(triggers)
+        self._due = DueTimer(engine.channels.due, self.clock, engine.settle_due)
+        self._due.start()  # state changes, on_decay events and sweeps happen on time
+        self._observe(engine, store, triggers)
         self.runtime.attach(engine, self._embeddings)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir
         )
+
+    def _observe(self, engine: MemoryEngine, store: MemoryStore, triggers: TriggerEngine) -> None:
+        """Let the metrics hear of model runs and dreams, and read what the server holds."""
+        metrics = self.metrics
+        engine.dreamt = lambda report, cold_only: metrics.dreamt(
+            cold_only, report.duration_ms / 1000
+        )
+        if self._embeddings is not None:
+            self._embeddings.embedded = metrics.embedded
+        self._counts = counts_reader(
+            engine, lambda: store.last_seq, triggers.hub, self.config.data_dir
+        )
+        metrics.watch(self.server_counts)
+
+    def server_counts(self) -> ServerCounts:
+        """What the server holds now (blocking: run it off the event loop)."""
+        if self._counts is None:
+            raise UnavailableError("the server is starting: the model and indexes are loading")
+        return self._counts()
 
     def _load_model(self) -> Embedder:
         return load_model(self.config.model_dir, threads=self.config.model_threads)
@@ -178,11 +290,16 @@ class CalorServer:
             self._loading.cancel()
         if self._triggers is not None:
             await self._triggers.stop()  # subscriptions end with a status naming their resume point
+        if self._due is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._due.stop)
         if self._server is not None:
             await self._server.stop(self.config.grace_seconds if grace is None else grace)
         if self._embeddings is not None:
             await self._embeddings.close()
         self.runtime.executor.shutdown(wait=True)
+        self.metrics.close()
+        if self._purger is not None:
+            self._purger.close()  # what is still pending is purged at the next start
         if self._store is not None:
             self._store.close()
 
@@ -194,6 +311,14 @@ async def _run(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload_auth() -> None:
+        task = asyncio.create_task(server.reload_auth(), name="calor-reload-auth")
+        reloads.add(task)  # held until done: the loop keeps only weak references to tasks
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload_auth)
     waiter = asyncio.create_task(stopping.wait())
     loading = server._loading
     assert loading is not None
@@ -208,9 +333,7 @@ async def _run(config: ServerConfig) -> None:
 
 def serve(config: ServerConfig) -> None:
     """Run a server until SIGTERM or SIGINT."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.log_format)
     # A thread waiting for the GIL gets it within this long: a recall's few Python steps
     # are not held 5 ms each (the default) behind another client's batch being built.
     sys.setswitchinterval(_GIL_SWITCH_SECONDS)

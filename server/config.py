@@ -54,12 +54,34 @@ class ServerConfig:
         limits: Request caps.
         webhook_allow: Where trigger webhooks may go: ``host:port`` entries
             (``[::1]:8080`` for IPv6), a bare host meaning its ports 80 and 443;
-            anything else is refused.
+            anything else is refused when the trigger is created. At delivery a host's
+            addresses must be public, or named exactly by an IP-literal entry
+            (``127.0.0.1:8080`` lets loopback port 8080 be reached).
         event_retention: Most events the log keeps (older ones are trimmed).
         event_retention_seconds: Oldest events the log keeps, by age.
         subscriber_queue: Events a subscriber may fall behind before its stream ends.
         max_chain_depth: Most triggers one chain fires, counting the first (DESIGN §7);
             at least 1.
+        max_message_bytes: Largest message the server receives or sends (gRPC answers
+            RESOURCE_EXHAUSTED past it).
+        max_subscriptions_per_key: Subscribe streams one API key (on an open server, one
+            peer host) may hold open; 0 means no cap.
+        rate_per_key: Requests a second one API key (open: one peer host) may make;
+            0 means no limit. Health and reflection are never limited.
+        rate_burst: Requests a key may make at once before ``rate_per_key`` applies;
+            0 means one second's worth (at least 1).
+        metrics_port: Port of the Prometheus ``/metrics`` endpoint, on ``host``; 0: none.
+        log_format: ``json`` (one object per line), ``text``, or ``auto`` (JSON unless
+            stderr is a terminal).
+        tls_cert: PEM certificate chain the server presents; with ``tls_key`` the port
+            speaks TLS only. None serves plaintext.
+        tls_key: PEM private key of ``tls_cert`` (unencrypted).
+        tls_client_ca: PEM certificates of the CAs that sign client certificates; set,
+            every client must present one (mutual TLS). Needs ``tls_cert``.
+        auth_file: TOML file of API keys and their grants (``calor keys`` writes it);
+            every call then needs a key. None runs open, on a loopback host only.
+        purge_delay_seconds: How soon after a Forget or DropChannel RocksDB is made to
+            drop the forgotten bytes from disk (forgets in between share one purge).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -76,3 +98,14 @@ class ServerConfig:
     event_retention_seconds: float = 7 * 86_400.0
     subscriber_queue: int = 1024
     max_chain_depth: int = DEFAULT_MAX_CHAIN_DEPTH
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_subscriptions_per_key: int = 64
+    rate_per_key: float = 0.0
+    rate_burst: float = 0.0
+    metrics_port: int = 0
+    log_format: str = "auto"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    auth_file: Path | None = None
+    purge_delay_seconds: float = 1.0

@@ -88,6 +88,8 @@ class EmbeddingQueue:
         self._query_ready: asyncio.Event | None = None
         self._ingest_ready: asyncio.Event | None = None
         self._workers: list[asyncio.Task[None]] = []
+        self.embedded: Callable[[str, int, float], None] = lambda kind, texts, seconds: None
+        """Told of every model run: its kind (query or passage), texts and seconds."""
 
     async def passages(self, texts: list[str], lane: IngestLane | None = None) -> np.ndarray:
         """Unit vectors for stored texts, one row each.
@@ -218,8 +220,10 @@ class EmbeddingQueue:
                 if not piece.job.abandoned:
                     piece.job.future.set_exception(exc)
             return
+        seconds = time.perf_counter() - started
+        self.embedded("query" if query else "passage", len(texts), seconds)
         if not query:
-            self._measured(time.perf_counter() - started, sum(len(t) for t in texts))
+            self._measured(seconds, sum(len(t) for t in texts))
         offset = 0
         for piece in chunk:
             size = piece.end - piece.start

@@ -3,18 +3,23 @@
     CalorError
     ├── InvalidArgumentError      INVALID_ARGUMENT   bad input; nothing changed
     ├── NotFoundError             NOT_FOUND          no such memory / trigger in this channel
-    ├── AlreadyExistsError        ALREADY_EXISTS     a trigger with that id exists
+    ├── AlreadyExistsError        ALREADY_EXISTS     a trigger or memory with that id exists
     ├── PermissionDeniedError     PERMISSION_DENIED  the caller may not use that channel
     ├── ResourceExhaustedError    RESOURCE_EXHAUSTED a gate or overload; may carry a retry delay
+    │   └── StorageFullError                         the disk is full: a write was refused
     ├── FailedPreconditionError   FAILED_PRECONDITION the request does not fit the current state
     │   └── StoreMismatchError                       the data dir was made by another model/schema
     ├── OutOfRangeError           OUT_OF_RANGE       a position past the end (or before the start)
     ├── UnavailableError          UNAVAILABLE        the server is starting or stopping
-    │   └── ModelUnavailableError                    the embedding model is missing or corrupt
+    │   ├── ModelUnavailableError                    the embedding model is missing or corrupt
+    │   └── StorageError                             RocksDB could not write (an I/O error)
+    ├── DeadlineExceededError     DEADLINE_EXCEEDED  the call's deadline passed; nothing more done
     └── UnimplementedError        UNIMPLEMENTED      declared in the API, not built yet
 
 Foreign exceptions are translated into these at one boundary (the servicers'
-``rpc_errors`` wrapper); everything below raises only these.
+``rpc_errors`` wrapper); everything below raises only these. RocksDB's bare exceptions
+on a write are the one kind translated where they happen (``MemoryStore``), so a full
+disk reads the same to unary and streaming RPCs and to the trigger engine.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import grpc
 __all__ = [
     "AlreadyExistsError",
     "CalorError",
+    "DeadlineExceededError",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "ModelUnavailableError",
@@ -31,6 +37,8 @@ __all__ = [
     "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
+    "StorageError",
+    "StorageFullError",
     "StoreMismatchError",
     "UnavailableError",
     "UnimplementedError",
@@ -81,6 +89,12 @@ class ResourceExhaustedError(CalorError):
         self.retry_after = retry_after
 
 
+class StorageFullError(ResourceExhaustedError):
+    """The disk is full (or a file size limit was reached): the write was refused and
+    nothing changed. RocksDB refuses every write after it until the server is restarted
+    with space freed; reads go on."""
+
+
 class FailedPreconditionError(CalorError):
     """The request does not fit the current state of the data."""
 
@@ -111,6 +125,17 @@ class UnavailableError(CalorError):
 
 class ModelUnavailableError(UnavailableError):
     """The embedding model files are missing or do not match their hashes."""
+
+
+class StorageError(UnavailableError):
+    """RocksDB could not write (an I/O error other than a full disk); nothing changed."""
+
+
+class DeadlineExceededError(CalorError):
+    """The call's deadline passed before the work was done; nothing after that point ran
+    or was committed."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class UnimplementedError(CalorError):

@@ -47,6 +47,17 @@ class EventRecord:
         """The same event, numbered."""
         return replace(self, seq=seq)
 
+    def may_quote(self) -> bool:
+        """Whether the event may carry a piece of its memory's text: a message about a
+        memory (a notify template can hold ``{text}``). The store indexes such events under
+        their memory, so forgetting it rewrites them (:meth:`scrubbed`)."""
+        return bool(self.memory_id and self.message)
+
+    def scrubbed(self) -> EventRecord:
+        """The same event (same number) without its message, marked ``forgotten`` in its
+        payload: what stays of it once its memory is forgotten."""
+        return replace(self, message="", payload={**self.payload, "forgotten": "true"})
+
     def to_json(self) -> bytes:
         """The event as JSON, for the log."""
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()

@@ -25,6 +25,7 @@ from calor.client import (
 
 def test_public_surface_is_pinned_and_sorted() -> None:
     assert calor.client.__all__ == [
+        "AlreadyExistsError",
         "AsyncCalorClient",
         "Backoff",
         "CalorClient",
@@ -37,6 +38,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "PermissionDeniedError",
         "ResourceExhaustedError",
         "ServerError",
+        "UnauthenticatedError",
         "UnavailableError",
         "UnimplementedError",
         "from_rpc_error",

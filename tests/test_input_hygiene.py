@@ -6,13 +6,14 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import rocksdict
 
+from calor.client.cli import main
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock
 from calor.server.config import ServerConfig
@@ -23,10 +24,10 @@ from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import Run, store, total
+from tests.helpers import store, total
 
 SECRET = "hmac-key-do-not-show-4f1c"
-HOOK = "http://127.0.0.1:9/hook"  # never reached: the shared server allows no webhook host
+HOOK = "http://127.0.0.1:9/hook"  # the discard port: nothing answers there
 
 
 def rejected(call: Callable[[], object], *words: str) -> str:
@@ -50,6 +51,15 @@ def triggers(grpc_channel: grpc.Channel) -> TriggerServiceStub:
     return TriggerServiceStub(grpc_channel)
 
 
+@pytest.fixture(scope="module")
+def hooked(start_server: Callable[..., ServerThread]) -> Iterator[tuple[str, grpc.Channel]]:
+    """A server of its own whose allow-list holds HOOK (the shared one allows no webhook
+    host, so it refuses every webhook trigger at creation), and a channel to it."""
+    server = start_server(webhook_allow=("127.0.0.1:9",))
+    with grpc.insecure_channel(server.target) as channel:
+        yield server.target, channel
+
+
 def webhook(stub: TriggerServiceStub, channel: str, trigger_id: str) -> tpb.Trigger:
     trigger = tpb.Trigger(
         id=trigger_id,
@@ -65,8 +75,9 @@ def webhook(stub: TriggerServiceStub, channel: str, trigger_id: str) -> tpb.Trig
 
 
 def test_no_reply_ever_carries_a_webhook_secret(
-    memories: MemoryServiceStub, triggers: TriggerServiceStub, channel_name: str
+    hooked: tuple[str, grpc.Channel], channel_name: str
 ) -> None:
+    memories, triggers = MemoryServiceStub(hooked[1]), TriggerServiceStub(hooked[1])
     created = webhook(triggers, channel_name, f"{channel_name[:50]}:hook")
     assert created.config["url"] == HOOK
     assert created.config["secret"] == "[redacted]", "a secret is set, and it is not shown"
@@ -108,7 +119,14 @@ def test_the_redacted_placeholder_is_not_taken_as_a_secret(
     assert not triggers.ListTriggers(tpb.ListTriggersRequest(channel=channel_name)).triggers
 
 
-def test_cli_never_prints_the_secret(calor: Run, channel_name: str) -> None:
+def test_cli_never_prints_the_secret(
+    hooked: tuple[str, grpc.Channel], channel_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def calor(*args: str) -> tuple[int, str, str]:
+        status = main(["--target", hooked[0], "--channel", channel_name, *args])
+        out, err = capsys.readouterr()
+        return status, out, err
+
     added = calor(
         "trigger",
         "add",
@@ -389,6 +407,7 @@ def test_calls_on_an_unknown_channel_leave_rocksdb_unchanged(
             exported = list(stub.Export(pb.ExportRequest(channel=unknown)))
             forgot = stub.Forget(pb.ForgetRequest(channel=unknown, ids=[kept.id]))
             forgot_none = stub.Forget(pb.ForgetRequest(channel="known", ids=[new_id()]))
+            dropped = stub.DropChannel(pb.DropChannelRequest(channel=unknown))
             got = settings.GetSettings(settings_service_pb2.GetSettingsRequest(channel=unknown))
             evaluated = stub.Evaluate(
                 pb.EvaluateRequest(
@@ -434,6 +453,7 @@ def test_calls_on_an_unknown_channel_leave_rocksdb_unchanged(
     assert (offered.accumulated, offered.dreamed) == (0, False)
     assert sum(part.memories for part in exported) == 0
     assert (forgot.forgotten, forgot_none.forgotten) == (0, 0)
+    assert dropped.dropped == 0, "dropping a channel that holds nothing writes nothing"
     assert not recall.recall_id, "a recall from a channel that does not exist logs nothing"
     assert tuned.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert got.settings.entropy_threshold > 0

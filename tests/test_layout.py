@@ -125,7 +125,7 @@ def test_one_module_opens_write_batches_and_one_builds_keys() -> None:
         p.relative_to(ROOT).as_posix() for p, text in _package_sources() if raw_key.search(text)
     }
     assert opens == {"server/storage/store.py"}
-    assert keys == {"server/storage/store.py"}
+    assert keys == {"server/storage/keys.py"}
 
 
 def test_only_the_one_write_path_commits_changes() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from datetime import timedelta
 
 import pytest
 
@@ -13,6 +12,8 @@ from calor.server.ids import new_id
 from calor.server.records import MemoryRecord
 from calor.server.storage import markdown
 from calor.server.storage.markdown import (
+    CarriedState,
+    LinkTo,
     MarkdownReader,
     ParsedMemory,
     parse_markdown,
@@ -20,6 +21,7 @@ from calor.server.storage.markdown import (
     render_memory,
     to_new_memory,
 )
+from calor.server.thermo.graph import EDGE_KINDS, Edge
 from calor.server.thermo.heat import MEMORY_TYPES
 
 MARCH_1 = 1_772_355_600.0  # 2026-03-01T09:00:00Z
@@ -102,6 +104,35 @@ def _created(rng: random.Random, index: int) -> float:
     return MARCH_1 + 0.000001
 
 
+def _state(rng: random.Random, index: int, ids: list[str]) -> dict[str, object]:
+    """Every field of the carried state, awkward values included, varied by index."""
+    recalls = rng.choice([0, 0, 1, 2, 7, 40])
+    times = sorted(_created(rng, index + k) for k in range(min(recalls, 32)))
+    merged = index % 17 == 3
+    return {
+        "heat0": rng.choice([1.0, 0.0, 0.1 + 0.2, rng.random(), 5e-324]),
+        "t0": _created(rng, index + 1),
+        "stability": rng.choice([1.0, 4.0, 1.5**7, rng.uniform(0.1, 1e6)]),
+        "utility": rng.random(),
+        "recall_count": recalls,
+        "last_recalled_at": times[-1] if times else None,
+        "recall_times": times,
+        "confirmations": rng.choice([0, 0, 3]),
+        "valence": rng.choice([0.0, -1.0, 1.0, rng.uniform(-1, 1)]),
+        "surprise": rng.choice([0.0, 1.0, rng.random()]),
+        "importance_adjustment": rng.choice([0.0, -0.2, rng.uniform(-1, 1)]),
+        "interactions0": rng.choice([0, 0, -5, 12]),
+        "state": "merged" if merged else rng.choice(["active", "cold", "archived", "ghost"]),
+        "session": rng.choice(["", "time:", "tag:" + rng.choice(TAG_WORDS)]),
+        "merged_into": rng.choice(ids) if merged else "",
+        "merged_from": rng.sample(ids, 2) if index % 17 == 4 else [],
+        "updated_at": _created(rng, index + 2),
+        "provenance": {"from": "chat", rng.choice(TAG_WORDS) + "k": rng.choice(TAG_WORDS)}
+        if index % 3
+        else {},
+    }
+
+
 def _records(count: int = 200) -> list[MemoryRecord]:
     rng = random.Random(20260301)
     combos = list(
@@ -112,6 +143,7 @@ def _records(count: int = 200) -> list[MemoryRecord]:
             [False, True],
         )
     )
+    ids = [new_id() for _ in range(count)]
     records = []
     for index in range(count):
         source, confidence, keystone, tagged = combos[index % len(combos)]
@@ -122,31 +154,44 @@ def _records(count: int = 200) -> list[MemoryRecord]:
                 tags[key if key.strip() else key + "k"] = rng.choice(TAG_WORDS + [""])
         records.append(
             MemoryRecord(
-                id=new_id(),
+                id=ids[index],
                 channel="agent-7",
                 text=_text(rng),
                 memory_type=MEMORY_TYPES[index % len(MEMORY_TYPES)],
                 created_at=_created(rng, index),
-                updated_at=MARCH_1,
-                heat0=1.0,
-                t0=MARCH_1,
                 keystone=keystone,
                 tags=tags,
                 source=source,
                 confidence=confidence,
                 importance=rng.choice([0.5, 0.62, 1.0, 0.0, rng.random()]),
+                **_state(rng, index, ids),  # type: ignore[arg-type]
             )
         )
     return records
 
 
+def _edges(records: list[MemoryRecord]) -> dict[str, list[Edge]]:
+    """Edges among the records, each under both ends, as an export writes them."""
+    rng = random.Random(5)
+    edges: dict[str, list[Edge]] = {r.id: [] for r in records}
+    for _ in range(300 if len(records) > 1 else 0):
+        a, b = rng.sample(records, 2)
+        kind, weight = rng.choice(EDGE_KINDS), rng.choice([1.0, 0.75, rng.random()])
+        edges[a.id].append(Edge(a.id, b.id, kind, weight))
+        edges[b.id].append(Edge(b.id, a.id, kind, weight))
+    return edges
+
+
+def _section(record: MemoryRecord, edges: list[Edge] | None = None) -> str:
+    """A record as an export of a channel at 20 interactions renders it."""
+    interactions = 20 - record.interactions0
+    return render_memory(record, 0.5, record.state, edges=edges or [], interactions=interactions)
+
+
 def _export(records: list[MemoryRecord]) -> str:
-    body = "".join(render_memory(r, heat=0.5, state="active") for r in records)
+    edges = _edges(records)
+    body = "".join(_section(r, edges[r.id]) for r in records)
     return render_header("agent-7", MARCH_1, len(records)) + body
-
-
-def _micros(at: float) -> timedelta:
-    return timedelta(seconds=at)  # rounds to the microsecond, as the export does
 
 
 def _assert_matches(parsed: ParsedMemory, record: MemoryRecord) -> None:
@@ -155,19 +200,36 @@ def _assert_matches(parsed: ParsedMemory, record: MemoryRecord) -> None:
     assert parsed.memory_type == record.memory_type
     assert parsed.tags == record.tags
     assert parsed.keystone is record.keystone
-    assert parsed.created_at is not None
-    # Exactly the record's time rounded to the microsecond, as near as a float holds it;
-    # within a few centuries of 1970 a float holds microseconds, so they match.
-    assert parsed.created_at == _micros(record.created_at) / timedelta(seconds=1)
-    if abs(record.created_at) < 4e9:
-        assert _micros(parsed.created_at) == _micros(record.created_at)
+    assert parsed.created_at == record.created_at  # exactly: no rounding on the way
     assert memory.source == record.source
     assert memory.confidence == record.confidence
     assert parsed.importance == record.importance
     assert parsed.original_id == record.id
-    assert memory.provenance == {"imported_id": record.id}
+    assert parsed.provenance == record.provenance
+    assert memory.provenance == {**record.provenance, "imported_id": record.id}
+    assert parsed.state == CarriedState(
+        heat0=record.heat0,
+        t0=record.t0,
+        stability=record.stability,
+        utility=record.utility,
+        recall_count=record.recall_count,
+        last_recalled_at=record.last_recalled_at,
+        recall_times=tuple(record.recall_times),
+        confirmations=record.confirmations,
+        valence=record.valence,
+        surprise=record.surprise,
+        importance_adjustment=record.importance_adjustment,
+        interactions=20 - record.interactions0,
+        state=record.state,
+        session=record.session,
+        merged_into=record.merged_into,
+        merged_from=tuple(record.merged_from),
+        updated_at=record.updated_at,
+    )
 
 
+ID = "01JNK3V7M8Q2W4X6Y8Z0A1B2C3"
+STATE = "- type: fact\n- heat0: 1\n- t0: 2026-03-01T09:00:00Z\n"  # lines 2 to 4 of a section
 RECORDS = _records()
 EXPORT = _export(RECORDS)
 
@@ -175,8 +237,28 @@ EXPORT = _export(RECORDS)
 def test_export_round_trips_every_field_of_awkward_memories() -> None:
     parsed = parse_markdown(EXPORT, channel="agent-7")
     assert len(parsed) == len(RECORDS)
+    edges = _edges(RECORDS)
     for memory, record in zip(parsed, RECORDS, strict=True):
         _assert_matches(memory, record)
+        assert memory.edges == tuple(LinkTo(e.to_id, e.kind, e.weight) for e in edges[record.id])
+
+
+def test_times_are_written_with_the_digits_their_float_needs() -> None:
+    rng = random.Random(3)
+    for at in [
+        1_795_459_276.4744866,
+        -0.25,
+        0.1 + 0.2,
+        *(rng.uniform(-6e10, 2.5e11) for _ in range(2000)),
+    ]:
+        record = MemoryRecord(**{**RECORDS[0].__dict__, "created_at": at, "t0": at})
+        (parsed,) = parse_markdown(render_memory(record, 0.5, "active"), channel="c")
+        assert parsed.created_at == at
+        assert parsed.state is not None and parsed.state.t0 == at
+    section = render_memory(
+        MemoryRecord(**{**RECORDS[0].__dict__, "created_at": 1_795_459_276.4744866}), 0, "cold"
+    )
+    assert "- created: 2026-11-23T18:41:16.4744866Z\n" in section
 
 
 def test_whole_second_times_round_trip_exactly() -> None:
@@ -225,18 +307,29 @@ def test_the_format_reads_like_the_example() -> None:
         text="Alice is allergic to peanuts.\nShe carries an EpiPen.",
         memory_type="core",
         created_at=MARCH_1,
-        updated_at=MARCH_1,
+        updated_at=MARCH_1 + 90_000.25,
         heat0=1.0,
-        t0=MARCH_1,
+        t0=MARCH_1 + 90_000.25,
+        stability=6.25,
+        utility=0.6180339887,
+        recall_count=2,
+        last_recalled_at=MARCH_1 + 90_000.25,
+        recall_times=[MARCH_1 + 32_400, MARCH_1 + 90_000.25],
         keystone=True,
         tags={"person": "alice", "note": "a, b=c"},
         source="human",
         importance=0.62,
+        provenance={"from": "chat"},
+        interactions0=5,
     )
     assert render_header("agent-7", MARCH_1 + 0.25, 1) == (
-        "# Calor export: agent-7\n\nExported 2026-03-01T09:00:00.250000Z · 1 memory\n\n"
+        "# Calor export: agent-7\n\nExported 2026-03-01T09:00:00.25Z · 1 memory\n\n"
     )
-    assert render_memory(record, 0.9412, "active") == (
+    edges = [
+        Edge(record.id, "01JNK3V7M8Q2W4X6Y8Z0A1B2C4", "semantic", 0.8312),
+        Edge(record.id, "01JNK3V7M8Q2W4X6Y8Z0A1B2C5", "manual", 1.0),
+    ]
+    assert render_memory(record, 0.9412, "active", edges=edges, interactions=3) == (
         "## Alice is allergic to peanuts.\n"
         "- id: 01JNK3V7M8Q2W4X6Y8Z0A1B2C3\n"
         "- type: core\n"
@@ -247,6 +340,18 @@ def test_the_format_reads_like_the_example() -> None:
         "- tags: person=alice, note=a\\, b\\=c\n"
         "- source: human\n"
         "- importance: 0.62\n"
+        "- provenance: from=chat\n"
+        "- heat0: 1.0\n"
+        "- t0: 2026-03-02T10:00:00.25Z\n"
+        "- stability: 6.25\n"
+        "- utility: 0.6180339887\n"
+        "- recalls: 2\n"
+        "- last_recalled: 2026-03-02T10:00:00.25Z\n"
+        "- recall_times: 2026-03-01T18:00:00Z, 2026-03-02T10:00:00.25Z\n"
+        "- interactions_since_t0: 3\n"
+        "- updated: 2026-03-02T10:00:00.25Z\n"
+        "- edges: 01JNK3V7M8Q2W4X6Y8Z0A1B2C4 semantic 0.8312,"
+        " 01JNK3V7M8Q2W4X6Y8Z0A1B2C5 manual 1.0\n"
         "\n"
         "```text\n"
         "Alice is allergic to peanuts.\n"
@@ -254,20 +359,56 @@ def test_the_format_reads_like_the_example() -> None:
         "```\n"
         "\n"
     )
+    (parsed,) = parse_markdown(render_memory(record, 0.9, "active", interactions=3), channel="c")
+    assert parsed.state == CarriedState(
+        heat0=1.0,
+        t0=record.t0,
+        stability=6.25,
+        utility=0.6180339887,
+        recall_count=2,
+        last_recalled_at=record.last_recalled_at,
+        recall_times=tuple(record.recall_times),
+        interactions=3,
+        updated_at=record.updated_at,
+    )
 
 
 def test_defaults_are_left_out_and_the_fence_outgrows_the_text() -> None:
-    record = RECORDS[0]
-    plain = MemoryRecord(**{**record.__dict__, "tags": {}, "text": "a ````` run\n" + "b" * 90})
+    plain = MemoryRecord(
+        id=new_id(),
+        channel="agent-7",
+        text="a ````` run\n" + "b" * 90,
+        memory_type="semantic",
+        created_at=MARCH_1,
+        updated_at=MARCH_1,
+        heat0=0.5,
+        t0=MARCH_1,
+    )
     section = render_memory(plain, 0.1, "cold")
-    assert "- tags:" not in section
-    assert "- source:" not in section
-    assert "- confidence:" not in section
+    keys = [line.split(":")[0] for line in section.split("\n") if line.startswith("- ")]
+    assert keys == [
+        "- id",
+        "- type",
+        "- heat",
+        "- keystone",
+        "- state",
+        "- created",
+        "- importance",
+        "- heat0",
+        "- t0",
+        "- stability",
+        "- utility",
+        "- updated",
+    ]
     assert "\n``````text\n" in section
     title = section.split("\n", 1)[0]
     assert title == "## a ````` run"
     long_title = render_memory(MemoryRecord(**{**plain.__dict__, "text": "b" * 90}), 0, "x")
     assert long_title.split("\n", 1)[0] == "## " + "b" * 59 + "…"
+    (parsed,) = parse_markdown(section, channel="c")
+    assert parsed.state == CarriedState(
+        heat0=0.5, t0=MARCH_1, utility=0.5, state="cold", updated_at=MARCH_1
+    )
 
 
 def test_the_last_moment_a_timestamp_can_name_still_renders() -> None:
@@ -316,7 +457,7 @@ def test_a_bullet_list_of_notes() -> None:
 
 
 def test_mixed_documents() -> None:
-    exported = render_memory(RECORDS[1], 0.5, "active")
+    exported = _section(RECORDS[1])
     document = (
         render_header("agent-7", MARCH_1, 1)
         + "- a stray note before the sections\n\n"
@@ -414,6 +555,21 @@ def test_lenient_values() -> None:
         ("## t\n- type: fact\n\n```text\n   \n```\n", 1, "empty text"),
         ("## t\n- type: fact\n## u\n", 1, "has no text"),
         ("intro\n```\n## hidden\n", 2, "never closed"),
+        (f"## t\n- id: {ID}\n- heat0: 0.5\n```\nx\n```\n", 3, "both heat0 and t0 (t0 is"),
+        ("## t\n- type: fact\n- t0: 2026-03-01\n```\nx\n```\n", 3, "(heat0 is missing)"),
+        (f"## t\n{STATE}- heat0: 1.5\n```\nx\n```\n", 5, "1.5 is not a number in [0, 1]"),
+        (f"## t\n{STATE}- stability: 0\n```\nx\n```\n", 5, "0 is not a number above 0"),
+        (f"## t\n{STATE}- stability: inf\n```\nx\n```\n", 5, "inf is not a number above"),
+        (f"## t\n{STATE}- recalls: -1\n```\nx\n```\n", 5, "recalls: -1 is below 0"),
+        (f"## t\n{STATE}- recalls: 2.5\n```\nx\n```\n", 5, "'2.5' is not a whole number"),
+        (f"## t\n{STATE}- valence: -2\n```\nx\n```\n", 5, "not a number in [-1, 1]"),
+        (f"## t\n{STATE}- state: deleted\n```\nx\n```\n", 5, "'deleted' is not a state"),
+        (f"## t\n{STATE}- recall_times: 1, 2\n```\nx\n```\n", 5, "'1' is not a time"),
+        (f"## t\n{STATE}- merged_from: {ID}, 01J\n```\nx\n```\n", 5, "'01J' is not a memory"),
+        (f"## t\n- type: fact\n- edges: {ID} friend 1\n```\nx\n```\n", 3, "not an edge kind"),
+        (f"## t\n- type: fact\n- edges: {ID} manual\n```\nx\n```\n", 3, "write ID kind weight"),
+        (f"## t\n- type: fact\n- edges: {ID} manual 2\n```\nx\n```\n", 3, "2 is not a number"),
+        ("## t\n- type: fact\n- provenance: a\n```\nx\n```\n", 3, "'a' has no '='"),
     ],
 )
 def test_malformed_values_name_the_line(document: str, line: int, problem: str) -> None:
@@ -421,6 +577,44 @@ def test_malformed_values_name_the_line(document: str, line: int, problem: str) 
         parse_markdown(document, channel="c")
     assert raised.value.message.startswith(f"line {line}: ")
     assert problem in raised.value.message
+
+
+def test_without_heat0_the_state_keys_are_for_people_and_alone_make_no_memory() -> None:
+    document = (
+        "## From an older export, annotated by hand\n"
+        "- id: 01JNK3V7M8Q2W4X6Y8Z0A1B2C3\n"
+        "- type: fact\n"
+        "- heat: 0.31\n"
+        "- state: whatever\n"
+        "- stability: high\n"
+        "- recalls: many\n"
+        "- provenance: from=chat\n"
+        "\n"
+        "```text\nThe sky is blue.\n```\n"
+        "## Plans\n"
+        "- session: monday\n"
+        "- utility: later\n"
+    )
+    first, *notes = parse_markdown(document, channel="c")
+    assert first == ParsedMemory(
+        text="The sky is blue.",
+        memory_type="fact",
+        original_id="01JNK3V7M8Q2W4X6Y8Z0A1B2C3",
+        provenance={"from": "chat"},
+    )
+    assert first.state is None
+    assert to_new_memory(first, "c").provenance == {
+        "from": "chat",
+        "imported_id": "01JNK3V7M8Q2W4X6Y8Z0A1B2C3",
+    }
+    assert [n.text for n in notes] == ["session: monday", "utility: later"]
+
+
+def test_a_hand_written_state_takes_defaults_for_what_it_leaves_out() -> None:
+    document = f"## t\n{STATE}- recalls: 3\n- merged_from: {ID},, \n\n```\nx\n```\n"
+    (parsed,) = parse_markdown(document, channel="c")
+    assert parsed.state == CarriedState(heat0=1.0, t0=MARCH_1, recall_count=3, merged_from=(ID,))
+    assert parsed.created_at is None
 
 
 def test_a_channel_is_required() -> None:
@@ -470,6 +664,8 @@ def test_to_new_memory_carries_every_field() -> None:
 
 def test_public_surface() -> None:
     assert markdown.__all__ == [
+        "CarriedState",
+        "LinkTo",
         "MarkdownReader",
         "ParsedMemory",
         "parse_markdown",

@@ -293,12 +293,12 @@ def test_export_stops_at_max_chars(host: Host, calor_target: str, channel_name: 
     ]
     with CalorClient(calor_target, channel=channel_name) as calor:
         calor.store_many(notes)
-    text, data = host.ok("memory_export", max_chars=1000, channel=channel_name)
+    text, data = host.ok("memory_export", max_chars=4000, channel=channel_name)
     assert data["truncated"] is True
     assert data["total"] == 20
     assert 0 < data["memories"] < 20
-    assert len(data["markdown"]) <= 1000
-    assert text.endswith(f"[truncated at 1000 characters: {data['memories']} of 20 memories shown]")
+    assert len(data["markdown"]) <= 4000
+    assert text.endswith(f"[truncated at 4000 characters: {data['memories']} of 20 memories shown]")
 
 
 # --- context and evaluation (the Context and Evaluate RPCs) ---------------------------------

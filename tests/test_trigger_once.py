@@ -457,7 +457,9 @@ def test_kill_9_under_trigger_load_repeats_no_firing(tmp_path: Path, receiver: R
     and every webhook request carried its idempotency key."""
     began = time.monotonic()
     refused_port = free_port()
-    server = CalorProcess(tmp_path, [f"127.0.0.1:{receiver.port}"])
+    # localhost is allowed by name, but not the loopback address it resolves to: the
+    # refused webhook is created, fires, and is refused at delivery.
+    server = CalorProcess(tmp_path, [f"127.0.0.1:{receiver.port}", f"localhost:{refused_port}"])
     server.start()
     with grpc.insecure_channel(server.target) as channel:
         triggers = TriggerServiceStub(channel)
@@ -485,7 +487,7 @@ def test_kill_9_under_trigger_load_repeats_no_firing(tmp_path: Path, receiver: R
         refused = create(
             "t7-refused",
             tpb.ACTION_KIND_WEBHOOK,
-            config={"url": f"http://127.0.0.1:{refused_port}/hook"},
+            config={"url": f"http://localhost:{refused_port}/hook"},
             max_fires=1,
         )
 
@@ -534,7 +536,7 @@ def test_kill_9_under_trigger_load_repeats_no_firing(tmp_path: Path, receiver: R
     assert histories == dict.fromkeys(wanted, causes)  # TriggerHistory: once per cause
     keys = check_requests(receiver)
     assert set(keys) == {f"{hook}:{seq}" for seq in causes}
-    assert "is not on the webhook allow-list" in refusal.outcome
+    assert "(a loopback address)" in refusal.outcome
     elapsed = time.monotonic() - began
     print(
         f"\n{kills} kills, {len(causes)} stores ({len(acked)} acked), "

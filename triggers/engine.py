@@ -32,7 +32,8 @@ from calor.server.config import DEFAULT_MAX_CHAIN_DEPTH
 from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import NotFoundError
 from calor.server.events import Cause, EventRecord
-from calor.server.storage.ops import DeleteKey, PutKey
+from calor.server.records import DELETED
+from calor.server.storage.ops import DeleteKey, PutKey, Quote
 from calor.server.storage.store import Keys, MemoryStore
 from calor.triggers.actions import (
     ActionContext,
@@ -141,6 +142,7 @@ class TriggerEngine:
         self._retention = retention_events
         self._retention_seconds = retention_seconds
         self.registry = TriggerRegistry(store)
+        memories.owners.append(self.registry)  # a dropped channel's triggers go with it
         self.hub = SubscriptionHub(lambda seq, n: run(store.events_after, seq, n), queue_size)
         self.scheduler = DecayScheduler(memories, self.registry, clock, run, self._fire_decay)
         self._wake = asyncio.Event()
@@ -302,6 +304,8 @@ class TriggerEngine:
             except NotFoundError:
                 return
             record, heat = found.record, found.heat
+            if record.state == DELETED:
+                return  # a forgotten memory fires nothing
             if not matches(
                 rule,
                 event=event.kind,
@@ -368,7 +372,7 @@ class TriggerEngine:
         """Make the delivery durable with the cursor advance and the fire count, then
         send it in the background (its history entry is written with its outcome)."""
         delivery = webhook_delivery(ctx)
-        writes = [*book.writes(None), put_delivery(delivery)]
+        writes: list[PutKey | Quote] = [*book.writes(None), put_delivery(delivery)]
         await self._run(partial(self._memories.log, extra=writes))
         self._send(delivery)
 
@@ -403,7 +407,7 @@ class TriggerEngine:
 
             finish: list[PutKey | DeleteKey] = [
                 self.registry.history_entry(firing),
-                drop_delivery(delivery.key),
+                *drop_delivery(delivery),
             ]
             event = outcome_event(delivery, outcome, self._clock.now())
             await self._run(partial(self._memories.log, event, extra=finish))

@@ -6,16 +6,19 @@ advance, then sends it; the record is dropped in the batch that logs the final o
 is sent again, under the same idempotency key: webhooks are at-least-once, and the key
 lets a receiver make them exactly-once.
 
-Stored under :meth:`calor.server.storage.store.Keys.delivery` as Delivery JSON.
+Stored under :meth:`calor.server.storage.store.Keys.delivery` as Delivery JSON. A delivery
+carries its memory's text, so it is written as a quote of that memory: forgetting the
+memory rewrites a delivery still waiting here without the text (its tags go too), and it
+is sent that way if it is sent again. One already under way is not called back.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from calor.server.storage.ops import DeleteKey, PutKey
+from calor.server.storage.ops import DeleteKey, Quote
 from calor.server.storage.store import Keys, MemoryStore
 
 __all__ = ["Delivery", "drop_delivery", "pending_deliveries", "put_delivery"]
@@ -70,15 +73,28 @@ class Delivery:
         raw: dict[str, Any] = json.loads(data)
         return cls(**raw)
 
+    def scrubbed(self) -> Delivery:
+        """The delivery once its memory is forgotten: the body's memory without its text
+        and tags, marked ``forgotten``."""
+        memory = {**self.body.get("memory", {}), "text": "", "tags": {}, "forgotten": True}
+        return replace(self, body={**self.body, "memory": memory})
 
-def put_delivery(delivery: Delivery) -> PutKey:
-    """The write that adds a delivery to the outbox."""
-    return PutKey(Keys.delivery(delivery.key), delivery.to_json())
+
+def put_delivery(delivery: Delivery) -> Quote:
+    """The write that adds a delivery to the outbox (a quote of its memory's text)."""
+    return Quote(
+        delivery.channel,
+        delivery.memory_id,
+        Keys.delivery(delivery.key),
+        delivery.to_json(),
+        delivery.scrubbed().to_json(),
+    )
 
 
-def drop_delivery(idempotency_key: str) -> DeleteKey:
-    """The write that removes a finished delivery from the outbox."""
-    return DeleteKey(Keys.delivery(idempotency_key))
+def drop_delivery(delivery: Delivery) -> list[DeleteKey]:
+    """The writes that remove a finished delivery from the outbox, and its quote index entry."""
+    key = Keys.delivery(delivery.key)
+    return [DeleteKey(key), DeleteKey(Keys.quote(delivery.channel, delivery.memory_id, key))]
 
 
 def pending_deliveries(store: MemoryStore) -> list[Delivery]:

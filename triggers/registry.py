@@ -4,6 +4,7 @@
 A firing's counter, history and decay marker are written in the change of the action
 itself (``count``, ``history``, ``decay_fired``, each returning bookkeeping writes),
 and the counter is applied in memory only once that change is durable (``apply_count``).
+A dropped channel's triggers go with it, history and all (``drop_writes``, ``dropped``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from calor.server.engine.changes import Changes, commit
-from calor.server.storage.ops import DeleteKey, PutKey
+from calor.server.storage.ops import DeleteKey, DeleteRange, PutKey
 from calor.server.storage.store import Keys, MemoryStore
 from calor.triggers.rules import TriggerRule
 
@@ -50,6 +51,7 @@ class TriggerRegistry:
         self._counters: dict[str, Counter] = {}
         self._history_seq = 0
         self._lock = threading.Lock()
+        self._dropping: dict[str, list[str]] = {}  # channel -> trigger ids, until durable
 
     def load(self) -> None:
         """Read every trigger and its counter back from the store."""
@@ -79,6 +81,21 @@ class TriggerRegistry:
         with self._lock:
             self._rules.pop(trigger_id, None)
         return True
+
+    def drop_writes(self, channel: str) -> list[DeleteRange]:
+        """The writes that delete a channel's triggers for good: rules, fire counters,
+        history and decay marks (for the batch that drops the channel)."""
+        ids = [rule.id for rule in self.rules(channel=channel)]
+        with self._lock:
+            self._dropping[channel] = ids
+        return [DeleteRange(*span) for i in ids for span in Keys.trigger_ranges(i)]
+
+    def dropped(self, channel: str) -> None:
+        """The batch from :meth:`drop_writes` is durable: its triggers go from memory too."""
+        with self._lock:
+            for trigger_id in self._dropping.pop(channel, []):
+                self._rules.pop(trigger_id, None)
+                self._counters.pop(trigger_id, None)
 
     def get(self, trigger_id: str) -> TriggerRule | None:
         """One rule."""

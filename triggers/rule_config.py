@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from calor.server.errors import InvalidArgumentError
 from calor.triggers.templates import check_template
+from calor.triggers.webhook_targets import parse_url
 
 __all__ = ["REDACTED", "redact_config", "validate_config"]
 
@@ -70,22 +70,12 @@ def _check_tag_value(label: str, value: str) -> None:
 
 
 def _check_url(label: str, value: str) -> None:
-    if not value.isascii() or any(ch <= " " or ch == "\x7f" for ch in value):
-        raise InvalidArgumentError(f"{label}: must be ASCII with no spaces or control characters")
+    # Well formed only: whether the host may be reached is the server's allow-list,
+    # checked when the trigger is created (TriggerService) and again at delivery.
     try:
-        parts = urlsplit(value)
-        port = parts.port  # parsing it rejects a malformed port
+        parse_url(value)
     except ValueError as exc:
-        raise InvalidArgumentError(f"{label}: not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidArgumentError(f"{label}: the scheme must be http or https")
-    if not parts.hostname:
-        raise InvalidArgumentError(f"{label}: the URL has no host")
-    if parts.username is not None or parts.password is not None:
-        # Credentials in a URL leak into logs; use config.secret to authenticate instead.
-        raise InvalidArgumentError(f"{label}: must not carry user credentials")
-    if port == 0:
-        raise InvalidArgumentError(f"{label}: port 0 is not valid")
+        raise InvalidArgumentError(f"{label}: {exc}") from None
 
 
 def _check_secret(label: str, value: str) -> None:

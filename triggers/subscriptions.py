@@ -27,16 +27,22 @@ LOG_OLDEST_SEQ_KEY = "calor-log-oldest-seq"
 
 @dataclass(frozen=True)
 class EventFilter:
-    """Which events a subscriber wants; an empty field matches everything."""
+    """Which events a subscriber wants; an empty field matches everything.
+
+    ``readable`` says which channels the subscriber may read (its key's grants); None
+    means all of them (a server without keys).
+    """
 
     channels: frozenset[str] = frozenset()
     kinds: frozenset[str] = frozenset()
     trigger_ids: frozenset[str] = frozenset()
+    readable: Callable[[str], bool] | None = None
 
     def wants(self, event: EventRecord) -> bool:
         """Whether the event passes the filter."""
         return (
-            (not self.channels or event.channel in self.channels)
+            (self.readable is None or self.readable(event.channel))
+            and (not self.channels or event.channel in self.channels)
             and (not self.kinds or event.kind in self.kinds)
             and (not self.trigger_ids or event.trigger_id in self.trigger_ids)
         )
@@ -68,6 +74,8 @@ class SubscriptionHub:
         self._replay_chunk = replay_chunk
         self._subscribers: set[_Subscriber] = set()
         self.published_seq = 0
+        self.dropped = 0
+        """Streams cut off since start because they fell ``queue_size`` events behind."""
         self._closing = False
 
     @property
@@ -88,6 +96,7 @@ class SubscriptionHub:
                     subscriber.queue.put_nowait(event)
                 except asyncio.QueueFull:
                     subscriber.overflowed = True
+                    self.dropped += 1
                     subscriber.wake.set()
 
     async def subscribe(

@@ -8,6 +8,8 @@ from typing import Any
 
 import grpc
 
+from calor.server.api import caller
+from calor.server.api.grants import EVERY_CHANNEL, Permission
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.wire import (
@@ -23,6 +25,7 @@ from calor.server.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
+    PermissionDeniedError,
     UnavailableError,
 )
 from calor.server.events import EventRecord
@@ -31,6 +34,7 @@ from calor.triggers.engine import TriggerEngine
 from calor.triggers.registry import Firing
 from calor.triggers.rules import EVENTS, rule_from_message, rule_message
 from calor.triggers.subscriptions import EventFilter
+from calor.triggers.webhook import WebhookPolicy
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1 import trigger_service_pb2_grpc
 
@@ -77,6 +81,15 @@ def _page(token: str, size: int, valid: Callable[[str], bool]) -> tuple[str, int
     return decode_page_token(token, valid=valid), size or 100
 
 
+def _readable() -> Callable[[str], bool] | None:
+    """The channels the caller may read, as a test (None: all of them). Subscribe's
+    empty channel list means these; access control has checked any it names."""
+    access = caller.grants()
+    return (
+        None if access.allows(EVERY_CHANNEL, Permission.READ) else access.predicate(Permission.READ)
+    )
+
+
 def _is_trigger_id(value: str) -> bool:
     return _TRIGGER_ID.fullmatch(value) is not None
 
@@ -89,8 +102,9 @@ def _is_offset(value: str) -> bool:
 class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     """The gRPC face of the trigger engine."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, webhooks: WebhookPolicy) -> None:
         self._rt = runtime
+        self._webhooks = webhooks
         self._engine: TriggerEngine | None = None
 
     def attach(self, triggers: TriggerEngine) -> None:
@@ -101,6 +115,29 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         if self._engine is None:
             raise UnavailableError("the server is starting: the model and indexes are loading")
         return self._engine
+
+    def _administered(self, trigger_id: str) -> None:
+        """Refuse a trigger of a channel the caller may not administer. An id that names
+        no trigger is refused alike (unless the caller administers every channel), so a
+        key learns nothing of other channels' triggers."""
+        access = caller.grants()
+        if access.allows(EVERY_CHANNEL, Permission.ADMIN):
+            return
+        rule = self._triggers().registry.get(trigger_id)
+        if rule is None or not access.allows(rule.channel, Permission.ADMIN):
+            raise PermissionDeniedError(
+                f"trigger {trigger_id[:64]}: not a trigger of a channel this key administers"
+            )
+
+    def _check_webhook(self, url: str) -> None:
+        """Refuse a webhook URL whose host and port are not on the server's allow-list."""
+        try:
+            self._webhooks.check(url)
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"config.url: {exc} (the server's operator allows a host and port with "
+                "calor serve --webhook-allow HOST:PORT)"
+            ) from None
 
     @rpc_errors
     async def CreateTrigger(
@@ -113,6 +150,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 "trigger.id: 1-64 letters, digits or _.:- (or leave it empty for a new id)"
             )
         if engine.registry.get(trigger_id) is not None:
+            self._administered(trigger_id)  # another channel's trigger is not named
             raise AlreadyExistsError(f"trigger {trigger_id} already exists")
         rule = rule_from_message(
             request.trigger,
@@ -120,6 +158,8 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
             now=self._rt.clock.now(),
             validate_channel=self._rt.validator.channel,
         )
+        if rule.action == "webhook":
+            self._check_webhook(rule.config_value("url"))
         await self._rt.run(engine.registry.add, rule)
         if rule.event == "on_decay":
             await engine.scheduler.add_rule(rule)
@@ -132,7 +172,10 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         engine = self._triggers()
         after, size = _page(request.page_token, request.page_size, _is_trigger_id)
         channel = self._rt.validator.channel(request.channel) if request.channel else None
-        rules = [r for r in engine.registry.rules(channel=channel) if r.id > after]
+        visible = caller.grants().predicate(Permission.ADMIN)
+        rules = [
+            r for r in engine.registry.rules(channel=channel) if r.id > after and visible(r.channel)
+        ]
         page = rules[:size]
         more = len(rules) > size
         return tpb.ListTriggersResponse(
@@ -146,6 +189,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.DeleteTriggerResponse:
         if not request.id:
             raise InvalidArgumentError("id: a trigger id is required")
+        self._administered(request.id)
         deleted = await self._rt.run(self._triggers().registry.remove, request.id)
         if not deleted:
             raise NotFoundError(f"no trigger {request.id}")
@@ -157,6 +201,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.TriggerHistoryResponse:
         if not request.trigger_id:
             raise InvalidArgumentError("trigger_id: a trigger id is required")
+        self._administered(request.trigger_id)
         after, size = _page(request.page_token, request.page_size, _is_offset)
         start = int(after) if after else 0
         registry = self._triggers().registry
@@ -214,6 +259,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 ),
                 kinds=frozenset(_kind_name(k, "kinds") for k in request.kinds),
                 trigger_ids=frozenset(request.trigger_ids),
+                readable=_readable(),
             )
             events = self._triggers().hub.subscribe(
                 wanted, request.after_seq, from_oldest=request.from_oldest_retained

@@ -1,5 +1,11 @@
 """Webhook delivery: signed JSON POSTs to allow-listed hosts and ports, with timeouts and
-retries, each carrying an idempotency key so that a receiver can drop a repeat."""
+retries, each carrying an idempotency key so that a receiver can drop a repeat.
+
+Every attempt resolves the host once, refuses addresses that are not public unless the
+allow-list names them exactly, and connects to an address it checked (the ``Host``
+header and TLS name stay the URL's), so a name that resolves differently between the
+check and the connection (DNS rebinding) cannot reach inside.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +17,35 @@ import ipaddress
 import json
 import math
 import re
+import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, urlsplit
+from typing import Protocol
+
+from calor.triggers.webhook_targets import (
+    Address,
+    AllowList,
+    Target,
+    address_refusal,
+    canonical_address,
+    parse_allow_entry,
+    parse_url,
+)
 
 __all__ = [
     "IDEMPOTENCY_HEADER",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "USER_AGENT",
+    "Resolver",
     "WebhookOutcome",
     "WebhookPolicy",
     "parse_allow_entry",
     "send_webhook",
     "sign",
+    "system_resolver",
     "verify_signature",
 ]
 
@@ -37,47 +56,27 @@ USER_AGENT = "calor-webhook/1"
 _SIGNATURE_PREFIX = "sha256="
 _MAX_BACKOFF_SECONDS = 60.0  # doubling stops here, so ten retries never wait for hours
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9]{2})(?:[ \r\n]|$)")
-_DEFAULT_PORTS = (80, 443)  # what a bare host on the allow-list opens
 _KEY_CHARS = re.compile(r"[!-~]{1,200}")  # visible ASCII: safe in a header line
 
 
-def parse_allow_entry(entry: str) -> tuple[str, tuple[int, ...]]:
-    """The host and ports one allow-list entry opens.
+class Resolver(Protocol):
+    """Looks a host name up: the seam between delivery and DNS."""
 
-    ``host:port`` and ``[v6 address]:port`` open exactly that port; a bare host (or a
-    bare IPv6 address, bracketed or not) opens only the default ports 80 and 443.
+    async def __call__(self, host: str, port: int) -> Sequence[str]:
+        """The addresses ``host`` resolves to, as text, in the order to try them.
 
-    Raises:
-        ValueError: the entry is empty or its port is not a number from 1 to 65535.
-    """
-    text = entry.strip()
-    host, port = text, ""
-    if text.startswith("["):
-        inside, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise ValueError(f"allow-list entry {entry!r}: write IPv6 as [address]:port")
-        host, port = inside, rest[1:] if rest else ""
-        if rest and not port:
-            raise ValueError(f"allow-list entry {entry!r}: the port is missing after ':'")
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-        if not port:
-            raise ValueError(f"allow-list entry {entry!r}: the port is missing after ':'")
-    elif ":" in text:  # more than one: a bare IPv6 address, or nothing valid
-        try:
-            ipaddress.IPv6Address(text)
-        except ValueError:
-            raise ValueError(
-                f"allow-list entry {entry!r}: write IPv6 as [address] or [address]:port"
-            ) from None
-    host = _normal_host(host)
-    if not host or any(ch <= " " or ch in "/@[]" for ch in host):
-        raise ValueError(f"allow-list entry {entry!r}: no valid host")
-    if not port:
-        return host, _DEFAULT_PORTS
-    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"allow-list entry {entry!r}: the port must be a number from 1 to 65535")
-    return host, (int(port),)
+        Raises:
+            OSError: The name cannot be resolved now (``socket.gaierror``).
+        """
+        ...
+
+
+async def system_resolver(host: str, port: int) -> Sequence[str]:
+    """The addresses the system resolver gives for ``host`` (TCP), without repeats."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 @dataclass(frozen=True)
@@ -87,12 +86,16 @@ class WebhookPolicy:
     Attributes:
         allowed_hosts: The allow-list: ``host:port`` entries (``[::1]:8080`` for IPv6)
             open exactly that host and port; a bare host opens its ports 80 and 443
-            only. Hosts match the URL's exactly and case-insensitively (no wildcards,
-            no name resolution); empty allows nothing.
-        timeout_seconds: The default limit on one attempt (connect, send, read the status).
+            only. Hosts match the URL's exactly after both are made canonical (case,
+            numeric address forms); no wildcards; empty allows nothing. An entry that is
+            an IP literal also lets a delivery connect to that exact address and port
+            even when it is loopback, private or link-local.
+        timeout_seconds: The default limit on one attempt (resolve, connect, send, read
+            the status).
         retries: The default number of retries after a failed first attempt.
         backoff_seconds: The wait before the first retry; it doubles for each later one.
         max_body_bytes: The largest JSON body that will be sent.
+        resolver: How host names are resolved at delivery.
     """
 
     allowed_hosts: frozenset[str]
@@ -100,8 +103,9 @@ class WebhookPolicy:
     retries: int = 3
     backoff_seconds: float = 0.5
     max_body_bytes: int = 65536
-    _allowed: frozenset[tuple[str, int]] = field(
-        init=False, repr=False, compare=False, default=frozenset()
+    resolver: Resolver = field(default=system_resolver, repr=False, compare=False)
+    _allowed: AllowList = field(
+        init=False, repr=False, compare=False, default=AllowList(frozenset())
     )
 
     def __post_init__(self) -> None:
@@ -113,15 +117,64 @@ class WebhookPolicy:
             raise ValueError(f"backoff_seconds must be finite and >= 0, not {self.backoff_seconds}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be > 0, not {self.max_body_bytes}")
-        pairs: set[tuple[str, int]] = set()
-        for entry in self.allowed_hosts:
-            host, ports = parse_allow_entry(entry)
-            pairs.update((host, port) for port in ports)
-        object.__setattr__(self, "_allowed", frozenset(pairs))
+        object.__setattr__(self, "_allowed", AllowList.of(self.allowed_hosts))
 
     def allows(self, host: str, port: int) -> bool:
-        """Whether ``host`` (case-insensitive) and ``port`` are on the allow-list."""
-        return (_normal_host(host), port) in self._allowed
+        """Whether ``host`` (any spelling of it) and ``port`` are on the allow-list."""
+        return self._allowed.allows(host, port)
+
+    def check(self, url: str) -> Target:
+        """The parsed URL, if it is well formed and its host and port are on the allow-list.
+
+        Raises:
+            ValueError: Why it may not be called, naming the host and port.
+        """
+        try:
+            target = parse_url(url)
+        except ValueError as exc:
+            raise ValueError(f"the webhook url: {exc}") from None
+        if (target.host, target.port) not in self._allowed.pairs:
+            spelled = (
+                f" ({target.written_host} is {target.host})"
+                if target.written_host.strip("[]") != target.host
+                else ""
+            )
+            raise ValueError(f"{target.hostport} is not on the webhook allow-list{spelled}")
+        return target
+
+    async def addresses(self, target: Target) -> list[Address] | str:
+        """The addresses a delivery to ``target`` may connect to now, in order, or why
+        there are none: every address the host resolves to that is public or allowed
+        exactly (an IP literal host is its own one address).
+
+        Raises:
+            OSError: The host cannot be resolved now.
+        """
+        if target.address is not None:
+            found: list[Address] = [target.address]
+        else:
+            found = []
+            for text in await self.resolver(target.host, target.port):
+                try:
+                    found.append(canonical_address(ipaddress.ip_address(text)))
+                except ValueError:
+                    continue  # not an address: nothing to connect to
+            if not found:
+                return f"{target.host} resolves to no address"
+        usable: list[Address] = []
+        refusals: list[str] = []
+        for address in dict.fromkeys(found):
+            kind = address_refusal(address)
+            if kind is None or self._allowed.allows_address(address, target.port):
+                usable.append(address)
+            else:
+                refusals.append(f"{address} ({kind})")
+        if usable:
+            return usable
+        return (
+            f"{target.host} resolves to {' and '.join(refusals)}: not a public address, "
+            f"and the webhook allow-list does not name it with port {target.port}"
+        )
 
 
 @dataclass(frozen=True)
@@ -139,10 +192,6 @@ class WebhookOutcome:
     status: int | None
     attempts: int
     error: str
-
-
-def _normal_host(host: str) -> str:
-    return host.strip().removeprefix("[").removesuffix("]").lower()
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -174,25 +223,6 @@ def _refused(error: str) -> WebhookOutcome:
     return WebhookOutcome(delivered=False, status=None, attempts=0, error=error)
 
 
-def _check_url(url: str, policy: WebhookPolicy) -> tuple[SplitResult, str] | str:
-    """The parsed URL and its host, or why it may not be called."""
-    if not url.isascii() or any(ch <= " " or ch == "\x7f" for ch in url):
-        return "the webhook url must be ASCII with no spaces or control characters"
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # parsing the port rejects a malformed one
-    except ValueError as exc:
-        return f"the webhook url is not valid ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "the webhook url must be http or https with a host"
-    host = parts.hostname
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    if not policy.allows(host, port):
-        authority = f"[{host}]" if ":" in host else host
-        return f"{authority}:{port} is not on the webhook allow-list"
-    return parts, host
-
-
 def _encode(body: Mapping[str, object], limit: int) -> bytes | str:
     """The exact bytes to send and sign, or why the body cannot be sent."""
     try:
@@ -206,16 +236,10 @@ def _encode(body: Mapping[str, object], limit: int) -> bytes | str:
     return data
 
 
-def _request(parts: SplitResult, host: str, data: bytes, secret: str, key: str) -> bytes:
-    target = parts.path or "/"
-    if parts.query:
-        target += "?" + parts.query
-    authority = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        authority += f":{parts.port}"
+def _request(target: Target, data: bytes, secret: str, key: str) -> bytes:
     headers = [
-        f"POST {target} HTTP/1.1",
-        f"Host: {authority}",
+        f"POST {target.path} HTTP/1.1",
+        f"Host: {target.authority}",
         "Content-Type: application/json",
         f"Content-Length: {len(data)}",
         f"User-Agent: {USER_AGENT}",
@@ -229,18 +253,47 @@ def _request(parts: SplitResult, host: str, data: bytes, secret: str, key: str) 
     return ("\r\n".join(headers) + "\r\n\r\n").encode("ascii") + data
 
 
-async def _attempt(parts: SplitResult, host: str, request: bytes, timeout: float) -> int | str:
-    """Send one request: the response status, or why another attempt may fare better.
+@dataclass(frozen=True)
+class _Refusal:
+    """No address of the host may be reached: the delivery ends without a request."""
+
+    reason: str
+
+
+async def _connect(
+    target: Target, addresses: list[Address], tls: ssl.SSLContext | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first of ``addresses`` that answers; TLS verifies the URL's host."""
+    failure: OSError | None = None
+    for address in addresses:
+        try:
+            return await asyncio.open_connection(
+                str(address), target.port, ssl=tls, server_hostname=target.host if tls else None
+            )
+        except OSError as exc:
+            failure = exc
+    assert failure is not None  # addresses is never empty
+    raise failure
+
+
+async def _attempt(
+    target: Target, policy: WebhookPolicy, request: bytes, timeout: float
+) -> int | str | _Refusal:
+    """Resolve and check the host, then send one request: the response status, why
+    another attempt may fare better, or the refusal that ends the delivery.
 
     Only the status line is read; redirects are not followed.
     """
-    tls = ssl.create_default_context() if parts.scheme == "https" else None
-    port = parts.port or (443 if tls else 80)
+    tls = ssl.create_default_context() if target.scheme == "https" else None
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=tls, server_hostname=host if tls else None
-            )
+            try:
+                addresses = await policy.addresses(target)
+            except OSError as exc:
+                return f"could not resolve {target.host}: {exc or type(exc).__name__}"
+            if isinstance(addresses, str):
+                return _Refusal(addresses)
+            reader, writer = await _connect(target, addresses, tls)
             try:
                 writer.write(request)
                 await writer.drain()
@@ -280,6 +333,10 @@ async def send_webhook(
     a receiver that has seen the key already can drop the request. Cancelling the caller
     cancels the delivery.
 
+    Each attempt resolves the host through ``policy.resolver`` and connects only to an
+    address that is public or named exactly on the allow-list; when none is, the delivery
+    ends there, refused, without a request (see :meth:`WebhookPolicy.addresses`).
+
     Args:
         url: An ``http`` or ``https`` URL.
         body: A JSON-serialisable mapping; sent with sorted keys.
@@ -302,10 +359,10 @@ async def send_webhook(
         raise ValueError(f"invalid webhook timeout {per_attempt} or retries {extra}")
     if idempotency_key and not _KEY_CHARS.fullmatch(idempotency_key):
         raise ValueError(f"invalid idempotency key {idempotency_key[:40]!r}")
-    checked = _check_url(url, policy)
-    if isinstance(checked, str):
-        return _refused(checked)
-    parts, host = checked
+    try:
+        target = policy.check(url)
+    except ValueError as exc:
+        return _refused(str(exc))
     data = _encode(body, policy.max_body_bytes)
     if isinstance(data, str):
         return _refused(data)
@@ -316,8 +373,13 @@ async def send_webhook(
             await asyncio.sleep(
                 min(policy.backoff_seconds * 2 ** (attempt - 2), _MAX_BACKOFF_SECONDS)
             )
-        request = _request(parts, host, data, secret, idempotency_key)
-        answer = await _attempt(parts, host, request, per_attempt)
+        request = _request(target, data, secret, idempotency_key)
+        answer = await _attempt(target, policy, request, per_attempt)
+        if isinstance(answer, _Refusal):  # final: what the host resolves to is off limits
+            reason = answer.reason if attempt == 1 else f"attempt {attempt}: {answer.reason}"
+            return WebhookOutcome(
+                delivered=False, status=status, attempts=attempt - 1, error=reason
+            )
         if isinstance(answer, str):
             error = f"attempt {attempt}: {answer}"
             continue

@@ -1734,17 +1734,25 @@ class ImportRequest(_message.Message):
 
     CHANNEL_FIELD_NUMBER: _builtins.int
     MARKDOWN_FIELD_NUMBER: _builtins.int
+    REMAP_IDS_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     markdown: _builtins.str
+    remap_ids: _builtins.bool
+    """Give every imported memory a new id, the edges and references among them
+    rewritten to match. Without it, memories that carry their state keep their
+    exported ids, and an id the channel holds already is ALREADY_EXISTS (nothing
+    imported). Read from any message of the stream; usually the first.
+    """
     def __init__(
         self,
         *,
         channel: _builtins.str = ...,
         markdown: _builtins.str = ...,
+        remap_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "markdown", b"markdown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "markdown", b"markdown", "remap_ids", b"remap_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -31,9 +30,10 @@ from calor.server.api.wire import encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
 from calor.server.engine.results import Current, Stored
-from calor.server.errors import CalorError, InvalidArgumentError, UnimplementedError
+from calor.server.errors import CalorError, InvalidArgumentError
 from calor.server.storage.markdown import (
     MarkdownReader,
+    ParsedMemory,
     render_header,
     render_memory,
     to_new_memory,
@@ -277,7 +277,11 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def DropChannel(
         self, request: pb.DropChannelRequest, context: _Context
     ) -> pb.DropChannelResponse:
-        raise UnimplementedError("DropChannel is not built yet")
+        """The whole channel goes, in one batch; a channel that holds nothing answers
+        ``dropped=0`` (so a retry is harmless)."""
+        channel = self._rt.validator.channel(request.channel)
+        dropped = await self._rt.run(self._rt.engine.drop_channel, channel)
+        return pb.DropChannelResponse(dropped=dropped)
 
     @rpc_errors
     async def EntityCard(
@@ -334,28 +338,30 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Export(
         self, request: pb.ExportRequest, context: _Context
     ) -> AsyncIterator[pb.ExportResponse]:
-        """The channel as Markdown: a header, then sections in id order, a page at a time."""
+        """The channel as Markdown: a header, then sections in id order, a page at a time,
+        each memory with its whole state and its edges to the others exported."""
         try:
             channel = self._rt.validator.channel(request.channel)
-            states = frozenset(
-                {"active", "cold", *(("archived",) if request.include_archived else ())}
-            )
-            total = len(
-                await self._rt.run(
-                    self._rt.engine.channels.matching, ListQuery(channel=channel, states=states)
-                )
-            )
-            header = render_header(channel, self._rt.clock.now(), total)
+            transfer = self._rt.engine.transfer
+            ids = await self._rt.run(transfer.export_ids, channel, request.include_archived)
+            header = render_header(channel, self._rt.clock.now(), len(ids))
             yield pb.ExportResponse(markdown=header, memories=0)
-            query = ListQuery(channel=channel, page_size=_EXPORT_PAGE, states=states)
-            while True:
-                page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
-                sections = [render_memory(now.record, now.heat, now.record.state) for now in page]
+            within = frozenset(ids)
+            for start in range(0, len(ids), _EXPORT_PAGE):
+                chunk = ids[start : start + _EXPORT_PAGE]
+                page = await self._rt.run(transfer.export_page, channel, chunk, within)
+                sections = [
+                    render_memory(
+                        m.current.record,
+                        m.current.heat,
+                        m.current.record.state,
+                        edges=m.edges,
+                        interactions=m.interactions,
+                    )
+                    for m in page
+                ]
                 if sections:
                     yield pb.ExportResponse(markdown="".join(sections), memories=len(sections))
-                if not after:
-                    return
-                query = replace(query, after_id=after)
         except CalorError as error:
             await abort_with(context, error)
 
@@ -363,27 +369,39 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         self, request_iterator: AsyncIterator[pb.ImportRequest], context: _Context
     ) -> pb.ImportResponse:
         """Markdown (an export, or a plain list of notes) in as memories, all or nothing:
-        parsed and embedded as it arrives, stored together in one batch."""
+        parsed and embedded as it arrives, imported together in one batch."""
         batch = BatchEmbedding(self._rt.embeddings, self._rt.config.limits.max_stream_batch)
         try:
-            items = await self._read_import(request_iterator, batch)
+            channel, parsed, remap_ids = await self._read_import(request_iterator, batch)
             vectors = await batch.vectors()
-            stored = await self._rt.run(self._rt.engine.store, items, vectors)
+            ids = await self._rt.run(
+                self._rt.engine.transfer.import_memories, channel, parsed, vectors, remap_ids
+            )
         except CalorError as error:
             await abort_with(context, error)
             raise  # unreachable: abort raises
         finally:
             batch.cancel()
-        return pb.ImportResponse(ids=[s.record.id for s in stored])
+        return pb.ImportResponse(ids=ids)
 
     async def _read_import(
         self, requests: AsyncIterator[pb.ImportRequest], batch: BatchEmbedding
-    ) -> list[NewMemory]:
-        """The import's memories; each is handed to ``batch`` to embed as it is read."""
+    ) -> tuple[str, list[ParsedMemory], bool]:
+        """The import's channel, memories and whether to remap their ids; each memory is
+        checked against the limits and handed to ``batch`` to embed as it is read."""
         validator = self._rt.validator
         reader = MarkdownReader()
         channel = ""
-        items: list[NewMemory] = []
+        remap_ids = False
+        parsed: list[ParsedMemory] = []
+
+        def take(read: list[ParsedMemory]) -> None:
+            for p in read:
+                validator.imported(to_new_memory(p, channel), p.line, p.state)
+            parsed.extend(read)
+            self._cap_import(parsed)
+            batch.add([p.text for p in read])
+
         async for request in requests:
             if request.channel and request.channel != channel:
                 if channel:
@@ -391,17 +409,15 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
                 channel = validator.channel(request.channel)
             if not channel:
                 raise InvalidArgumentError("channel: the first message must name the channel")
-            read = [
-                validator.imported(to_new_memory(p, channel), p.line)
-                for p in reader.feed(request.markdown)
-            ]
-            items.extend(read)
-            if len(items) > self._rt.config.limits.max_stream_items:
-                raise InvalidArgumentError("Import: too many memories in one import")
-            batch.add([item.text for item in read])
-        read = [validator.imported(to_new_memory(p, channel), p.line) for p in reader.finish()]
-        items.extend(read)
-        batch.add([item.text for item in read])
-        if not items:
+            remap_ids = remap_ids or request.remap_ids
+            take(reader.feed(request.markdown))
+        take(reader.finish())
+        if not parsed:
             raise InvalidArgumentError("Import: the Markdown held no memories")
-        return items
+        return channel, parsed, remap_ids
+
+    def _cap_import(self, items: list[ParsedMemory]) -> None:
+        """Refuse an import past the cap on items per call (StoreStream's cap)."""
+        cap = self._rt.config.limits.max_stream_items
+        if len(items) > cap:
+            raise InvalidArgumentError(f"Import: more than {cap} memories in one import")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextvars
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from calor.server import deadline
 from calor.server.api.validation import Validator
 from calor.server.clock import Clock
 from calor.server.config import ServerConfig
@@ -58,10 +60,26 @@ class Runtime:
         return self._embeddings
 
     async def run(self, function: Callable[..., _T], *args: object) -> _T:
-        """Run blocking store or index work on the executor; ``inflight`` counts it."""
+        """Run blocking store or index work on the executor; ``inflight`` counts it.
+
+        The work runs in the calling context (the call's deadline and key go along), and
+        not at all once the call's deadline has passed, whether before it is queued or
+        while it waits for a thread; its commits check the deadline again.
+
+        Raises:
+            DeadlineExceededError: The call's deadline passed before the work began.
+        """
+        deadline.check("the store and index work")
         loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
         self.inflight += 1
         try:
-            return await loop.run_in_executor(self.executor, function, *args)
+            return await loop.run_in_executor(self.executor, context.run, _begin, function, args)
         finally:
             self.inflight -= 1
+
+
+def _begin(function: Callable[..., _T], args: Sequence[object]) -> _T:
+    """Run queued work, unless its call's deadline passed while it waited for a thread."""
+    deadline.check("the store and index work")
+    return function(*args)

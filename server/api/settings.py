@@ -34,6 +34,14 @@ _MODE_NUMBERS: dict[str, memory_pb2.DecayMode.ValueType] = {
 _MODE_NAMES: dict[int, str] = {number: mode for mode, number in _MODE_NUMBERS.items()}
 
 
+# What a server can afford: durations from a second to a century, counts that drive
+# per-store or per-recall work in the hundreds or thousands, weights and gains small.
+_SECOND = 1.0
+_DAY = 86_400.0
+_CENTURY = 36_525 * _DAY
+_DURATION = "1 second to 100 years"
+
+
 @dataclass(frozen=True)
 class _Rule:
     """Where a scalar ChannelSettings field lives in the policy, and what it may hold.
@@ -41,22 +49,22 @@ class _Rule:
     Attributes:
         attr: The attribute, of ChannelPolicy or (with ``group``) of one of its groups.
         kind: The Python type of the value: ``bool``, ``int``, ``float`` or ``str``.
-        low: The least value allowed (excluded when ``low_open``).
-        high: The greatest value allowed.
-        low_open: Whether ``low`` itself is out of range.
+        low: The least value a number may take.
+        high: The greatest value a number may take.
         group: The ChannelPolicy attribute holding the value's group (``weights``,
             ``bands``, ``dreams``, ``ingest``, ``context``); empty for a value of the
             policy itself.
         choices: The names a ``str`` value may take.
+        note: The range in words, when the numbers alone do not say it (a duration).
     """
 
     attr: str
     kind: type
-    low: float = -math.inf
-    high: float = math.inf
-    low_open: bool = False
+    low: float = 0.0
+    high: float = 0.0
     group: str = ""
     choices: tuple[str, ...] = ()
+    note: str = ""
 
     def check(self, field: str, value: Any) -> Any:
         """The value if it is allowed; otherwise InvalidArgumentError naming ``field``."""
@@ -67,59 +75,58 @@ class _Rule:
                 allowed = ", ".join(repr(c) for c in self.choices)
                 raise InvalidArgumentError(f"{field}: must be one of {allowed}, got {value!r}")
             return str(value)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidArgumentError(f"{field}: must be a finite number, got {value}")
-        too_low = value <= self.low if self.low_open else value < self.low
-        if too_low or value > self.high:
-            raise InvalidArgumentError(f"{field}: must be {self._range()}, got {value}")
+        if not (math.isfinite(value) and self.low <= value <= self.high):
+            raise InvalidArgumentError(f"{field}: must be {self.range()}, got {value}")
         return self.kind(value)
 
-    def _range(self) -> str:
-        if self.high == math.inf:
-            finite = "finite and " if self.kind is float else ""
-            return f"{finite}{'>' if self.low_open else '>='} {self._number(self.low)}"
-        opening = "(" if self.low_open else "["
-        return f"in {opening}{self._number(self.low)}, {self._number(self.high)}]"
+    def range(self) -> str:
+        """The values a number may take, as a message says them."""
+        note = f" ({self.note})" if self.note else ""
+        return f"in [{_number(self.low)}, {_number(self.high)}]{note}"
 
-    @staticmethod
-    def _number(bound: float) -> str:
-        return str(int(bound)) if bound == int(bound) else str(bound)
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if bound == int(bound) else f"{bound:g}"
 
 
 def _flag(attr: str) -> _Rule:
     return _Rule(attr, bool)
 
 
-def _heat(attr: str, group: str = "") -> _Rule:
+def _fraction(attr: str, group: str = "") -> _Rule:
     return _Rule(attr, float, 0.0, 1.0, group=group)
 
 
-def _positive(attr: str, group: str = "") -> _Rule:
-    return _Rule(attr, float, 0.0, low_open=True, group=group)
+def _seconds(attr: str, group: str = "") -> _Rule:
+    return _Rule(attr, float, _SECOND, _CENTURY, group=group, note=_DURATION)
 
 
-def _count(attr: str, low: int, high: float = math.inf, group: str = "") -> _Rule:
+def _days(attr: str, group: str = "") -> _Rule:
+    return _Rule(attr, float, _SECOND / _DAY, _CENTURY / _DAY, group, note=f"{_DURATION}, in days")
+
+
+def _count(attr: str, low: int, high: int, group: str = "") -> _Rule:
     return _Rule(attr, int, low, high, group=group)
 
 
-def _weight(attr: str, high: float = math.inf) -> _Rule:
+def _weight(attr: str, high: float = 10.0) -> _Rule:
     return _Rule(attr, float, 0.0, high, group="weights")
 
 
 def _band(attr: str) -> _Rule:
-    return _heat(attr, "bands")
+    return _fraction(attr, "bands")
 
 
 def _context(attr: str) -> _Rule:
-    return _heat(attr, "context")
+    return _fraction(attr, "context")
 
 
 def _dream(attr: str) -> _Rule:
-    return _heat(attr, "dreams")
+    return _fraction(attr, "dreams")
 
 
 def _ingest(attr: str) -> _Rule:
-    return _heat(attr, "ingest")
+    return _fraction(attr, "ingest")
 
 
 # Every ChannelSettings field but ``decay_mode``, ``profiles`` and
@@ -128,20 +135,20 @@ _SCALARS: dict[str, _Rule] = {
     "gate_fidelity": _flag("gate_fidelity"),
     "gate_heat_ceiling": _flag("gate_heat_ceiling"),
     "gate_load": _flag("gate_load"),
-    "heat_ceiling": _heat("heat_ceiling"),
-    "entropy_threshold": _count("entropy_threshold", 1),
-    "cold_threshold": _heat("cold_threshold"),
-    "cold_count_trigger": _count("cold_count_trigger", 1),
-    "cold_migration_days": _positive("cold_migration_days"),
-    "boost_delta": _heat("boost_delta"),
-    "resonance_spread": _heat("resonance_spread"),
-    "resonance_damping": _heat("resonance_damping"),
+    "heat_ceiling": _fraction("heat_ceiling"),
+    "entropy_threshold": _count("entropy_threshold", 1, 1 << 30),  # bytes: 1 GiB
+    "cold_threshold": _fraction("cold_threshold"),
+    "cold_count_trigger": _count("cold_count_trigger", 1, 1_000_000),
+    "cold_migration_days": _days("cold_migration_days"),
+    "boost_delta": _fraction("boost_delta"),
+    "resonance_spread": _fraction("resonance_spread"),
+    "resonance_damping": _fraction("resonance_damping"),
     "resonance_depth": _count("resonance_depth", 0, 8),
-    "thermal_gate": _heat("thermal_gate"),
-    "survival_gate": _heat("survival_gate"),
-    "recall_heat": _heat("recall_heat"),
-    "channel_heat_half_life_seconds": _positive("channel_heat_half_life_seconds"),
-    "interaction_unit_seconds": _positive("interaction_unit_seconds"),
+    "thermal_gate": _fraction("thermal_gate"),
+    "survival_gate": _fraction("survival_gate"),
+    "recall_heat": _fraction("recall_heat"),
+    "channel_heat_half_life_seconds": _seconds("channel_heat_half_life_seconds"),
+    "interaction_unit_seconds": _seconds("interaction_unit_seconds"),
     "weight_similarity": _weight("similarity"),
     "weight_heat": _weight("heat"),
     "weight_keyword": _weight("keyword"),
@@ -149,46 +156,48 @@ _SCALARS: dict[str, _Rule] = {
     "weight_source": _weight("source"),
     "weight_temporal": _weight("temporal", 1.0),
     "weight_own_channel": _weight("own_channel"),
-    "temporal_fade_days": _positive("temporal_fade_days", "weights"),
-    "load_inflight_critical": _count("load_inflight_critical", 1),
-    "load_reduced_limit": _count("load_reduced_limit", 1),
-    "semantic_link_threshold": _heat("semantic_link_threshold"),
-    "semantic_link_max": _count("semantic_link_max", 0),
-    "entity_link_max": _count("entity_link_max", 0),
-    "session_gap_seconds": _positive("session_gap_seconds"),
-    "working_promotion_seconds": _positive("working_promotion_seconds"),
-    "working_promotion_recalls": _count("working_promotion_recalls", 1),
-    "default_importance": _heat("default_importance"),
+    "temporal_fade_days": _days("temporal_fade_days", "weights"),
+    "load_inflight_critical": _count("load_inflight_critical", 1, 100_000),
+    "load_reduced_limit": _count("load_reduced_limit", 1, 1000),
+    "semantic_link_threshold": _fraction("semantic_link_threshold"),
+    "semantic_link_max": _count("semantic_link_max", 0, 100),
+    "entity_link_max": _count("entity_link_max", 0, 100),
+    "session_gap_seconds": _seconds("session_gap_seconds"),
+    "working_promotion_seconds": _seconds("working_promotion_seconds"),
+    "working_promotion_recalls": _count("working_promotion_recalls", 1, 1000),
+    "default_importance": _fraction("default_importance"),
     "confidence_high": _band("high"),
     "confidence_mid": _band("mid"),
     "confidence_keyword_similarity": _band("keyword_similarity"),
     "confidence_keyword_overlap": _band("keyword_overlap"),
     "dream_conflict_similarity": _dream("conflict_similarity"),
     "dream_merge_similarity": _dream("merge_similarity"),
-    "dream_keystone_recalls": _count("keystone_recalls", 0, group="dreams"),
+    "dream_keystone_recalls": _count("keystone_recalls", 0, 100_000, group="dreams"),
     "dream_keystone_heat": _dream("keystone_heat"),
     "dream_semantic_importance": _dream("semantic_importance"),
-    "dream_semantic_recalls": _count("semantic_recalls", 0, group="dreams"),
-    "dream_archive_age_days": _positive("archive_age_days", "dreams"),
+    "dream_semantic_recalls": _count("semantic_recalls", 0, 100_000, group="dreams"),
+    "dream_archive_age_days": _days("archive_age_days", "dreams"),
     "dream_archive_heat": _dream("archive_heat"),
     "dream_archive_importance": _dream("archive_importance"),
-    "dream_archive_recalls": _count("archive_recalls", 0, group="dreams"),
+    "dream_archive_recalls": _count("archive_recalls", 0, 100_000, group="dreams"),
     "dream_prune_heat": _dream("prune_heat"),
     "dream_channel_cooling": _dream("channel_cooling"),
-    "dream_max_conflicts": _count("max_conflicts", 0, group="dreams"),
+    "dream_max_conflicts": _count("max_conflicts", 0, 10_000, group="dreams"),
     "ingest_near_duplicate_similarity": _ingest("near_duplicate_similarity"),
     "ingest_near_duplicate_penalty": _ingest("near_duplicate_penalty"),
     "ingest_novelty_neighbours": _count("novelty_neighbours", 1, 1000, group="ingest"),
     "ingest_novelty_bonus": _ingest("novelty_bonus"),
     "ingest_familiar_similarity": _ingest("familiar_similarity"),
     "ingest_novel_similarity": _ingest("novel_similarity"),
-    "ingest_entity_hub": _count("entity_hub", 1, group="ingest"),
+    "ingest_entity_hub": _count("entity_hub", 1, 100_000, group="ingest"),
     "heat_min_band": _Rule("heat_min_band", str, choices=BANDS),
     "context_weight_similarity": _context("similarity"),
     "context_weight_heat": _context("heat"),
     "context_weight_recency": _context("recency"),
     "context_weight_source": _context("source"),
-    "context_reuse_seconds": _Rule("reuse_seconds", float, 0.0, group="context"),
+    "context_reuse_seconds": _Rule(
+        "reuse_seconds", float, 0.0, _DAY, group="context", note="0 (no reuse) to 1 day"
+    ),
 }
 
 # Pairs of fields whose first must stay below (``strict``) or at most their second.
@@ -199,9 +208,9 @@ _ORDERED: tuple[tuple[str, str, bool], ...] = (
 _EXEMPT_TYPES = "dream_archive_exempt_types"
 
 _PROFILE_RULES: dict[str, _Rule] = {
-    "half_life_seconds": _positive("half_life_seconds"),
-    "floor": _heat("floor"),
-    "stability_gain": _Rule("stability_gain", float, 1.0),
+    "half_life_seconds": _seconds("half_life_seconds"),
+    "floor": _fraction("floor"),
+    "stability_gain": _Rule("stability_gain", float, 1.0, 10.0),
 }
 
 _PATHS = frozenset({"decay_mode", "profiles", _EXEMPT_TYPES, *_SCALARS})

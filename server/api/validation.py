@@ -20,6 +20,7 @@ from calor.server.config import Limits
 from calor.server.engine.context import ContextQuery
 from calor.server.errors import InvalidArgumentError
 from calor.server.ids import is_valid_id
+from calor.server.storage.markdown import CarriedState
 from calor.server.thermo.policy import BANDS
 from calor.v1 import memory_pb2, memory_service_pb2
 
@@ -212,15 +213,22 @@ class Validator:
             provenance=self.tags(request.provenance, "provenance"),
         )
 
-    def imported(self, item: NewMemory, line: int) -> NewMemory:
-        """A memory read from imported Markdown, held to the same limits as a store."""
+    def imported(self, item: NewMemory, line: int, state: CarriedState | None = None) -> NewMemory:
+        """A memory read from imported Markdown, held to the same limits as a store; the
+        times of the state it carries, if any, are not in the future either."""
+        latest = self._clock.now() + self.limits.max_future_skew_seconds
+        times = [("created_at", item.created_at)]
+        if state is not None:
+            times += [("t0", state.t0), ("last_recalled", state.last_recalled_at)]
+            times += [("updated", state.updated_at)]
+            times += [("recall_times", at) for at in state.recall_times]
         try:
             self.text(item.text)
             self.tags(item.tags)
-            if item.created_at is not None and item.created_at > (
-                self._clock.now() + self.limits.max_future_skew_seconds
-            ):
-                raise InvalidArgumentError("created_at: must not be in the future")
+            self.tags(item.provenance, "provenance")
+            for name, at in times:
+                if at is not None and at > latest:
+                    raise InvalidArgumentError(f"{name}: must not be in the future")
         except InvalidArgumentError as error:
             raise InvalidArgumentError(f"line {line}: {error.message}") from None
         return item

@@ -8,25 +8,31 @@ and only then applied to the channel's in-memory view.
 On leaving the block without an error the operations (a :class:`~calor.server.storage.ops.
 ChangeList`) are committed by :meth:`MemoryStore.write`; once that returns, the view
 applies the same list (:meth:`Channel.apply`). If the commit fails, the view is as it
-was. What a forgotten memory leaves behind (its edges, its conflicts) and how an edge's
-weight is kept are decided here, once.
+was. What a forgotten memory leaves behind (its edges, its conflicts, what its tombstone
+keeps) and how an edge's weight is kept are decided here, once. A view whose channel was
+dropped takes no more changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
 
+from calor.server import deadline
 from calor.server.engine.channel import Channel, conflict_pair
+from calor.server.engine.evaluate import FINDING_TAG
+from calor.server.errors import UnavailableError
 from calor.server.events import EventRecord
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.ops import (
     AddMemory,
     ChangeList,
     DeleteKey,
+    DeleteRange,
+    DropChannel,
     DropVector,
     Forget,
     Link,
@@ -35,6 +41,7 @@ from calor.server.storage.ops import (
     Operation,
     PutKey,
     PutMemory,
+    Quote,
     SetPolicy,
     SetState,
     SettleConflict,
@@ -46,10 +53,13 @@ from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.graph import Edge
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["Bookkeeping", "Changes", "changing", "commit"]
+__all__ = ["Bookkeeping", "Changes", "changing", "commit", "forgotten_with"]
 
+# A finding quotes a memory's text flattened to one line, whole or cut with "…"; this
+# much of its start, after the opening quote mark, says a finding quotes it.
+_QUOTE_START = 200
 # Another component's writes (a trigger's cursor and counters) that join a change's batch.
-Bookkeeping = Sequence[PutKey | DeleteKey]
+Bookkeeping = Sequence[PutKey | DeleteKey | DeleteRange | Quote]
 
 
 class Changes:
@@ -84,8 +94,23 @@ class Changes:
         self.ops.append(PutMemory(record, vector))
 
     def forget(self, record: MemoryRecord, now: float) -> MemoryRecord:
-        """Make a memory a tombstone: no text, no embedding, no edges, no conflicts."""
-        tombstone = replace(record, state=DELETED, text="", updated_at=now)
+        """Make a memory a tombstone: no text, no embedding, no edges, no conflicts.
+
+        The tombstone keeps what says the memory was there (id, type, times, counts, its
+        idempotency key, so a late retry of its store does not bring it back) and nothing
+        taken from or said about its text: no entities, tags, provenance or session.
+        """
+        tombstone = replace(
+            record,
+            state=DELETED,
+            text="",
+            updated_at=now,
+            entities=[],
+            tags={},
+            provenance={},
+            session="",
+            valence=0.0,
+        )
         if self.channel is not None:
             for edge in self.channel.graph.edges(record.id):
                 self.unlink(edge)
@@ -155,16 +180,29 @@ class Changes:
         """Write another component's bookkeeping in this change's batch."""
         self.ops.extend(bookkeeping)
 
+    def drop_channel(self) -> None:
+        """Remove the whole channel: every key it owns (its triggers are bookkeeping the
+        caller adds with :meth:`keep`)."""
+        self.ops.append(DropChannel())
+
 
 def commit(store: MemoryStore, changes: Sequence[Changes]) -> list[EventRecord]:
     """Write changes as one atomic batch, then apply each to its channel's view.
 
     Returns the logged events, numbered. A changed memory that enters an index which
     holds no embedding of it (a ghost coming back) brings its stored embedding along.
+    Nothing is written once the deadline of the call doing the work has passed
+    (:mod:`calor.server.deadline`; DeadlineExceededError).
     """
     changes = [change for change in changes if change]
     if not changes:
         return []
+    for change in changes:
+        if change.channel is not None and change.channel.dropped:
+            raise UnavailableError(
+                f"channel {change.name!r} was dropped while this call ran; try again"
+            )
+    deadline.check("the commit")  # a call whose deadline passed commits nothing
     for change in changes:
         view = change.channel
         if view is None:
@@ -187,3 +225,34 @@ def changing(store: MemoryStore, channel: Channel | None, name: str = "") -> Ite
     yield change
     if change:
         commit(store, [change])
+
+
+def forgotten_with(channel: Channel, memory_ids: Iterable[str]) -> list[MemoryRecord]:
+    """The memories a forget of ``memory_ids`` takes: those named that are not forgotten
+    yet, the memories merged into them (and into those), and the Evaluate findings that
+    name or quote any of them (a finding is a note about a text, quoting it)."""
+    gone: dict[str, MemoryRecord] = {}
+    todo = list(dict.fromkeys(memory_ids))
+    while todo:
+        record = channel.records.get(todo.pop(0))
+        if record is None or record.state == DELETED or record.id in gone:
+            continue
+        gone[record.id] = record
+        todo.extend(record.merged_from)
+    if not gone:
+        return []
+    quotes = [_quote_start(r.text) for r in gone.values() if r.text.strip()]
+    for record in channel.records.values():
+        if record.id in gone or record.state == DELETED or FINDING_TAG not in record.tags:
+            continue
+        named = record.provenance.get("issue_memory_id", "") in gone
+        if named or any(quote in record.text for quote in quotes):
+            gone[record.id] = record
+    return list(gone.values())
+
+
+def _quote_start(text: str) -> str:
+    """How a finding that quotes ``text`` shows its start: after an opening quote mark,
+    flattened to one line; a short text whole, between quote marks."""
+    flat = " ".join(text.split())
+    return f'"{flat}"' if len(flat) < _QUOTE_START else f'"{flat[:_QUOTE_START]}'

@@ -12,7 +12,7 @@ import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +21,7 @@ from calor.models.entities import entity_key
 from calor.server.clock import Clock
 from calor.server.engine.ingest import Neighbourhood
 from calor.server.engine.results import Current
+from calor.server.engine.states import RecordTable, states_now
 from calor.server.recall.index import ChannelIndex
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
 from calor.server.storage.ops import (
@@ -69,13 +70,15 @@ class Channel:
     memory into a Context block that did not show it (a store, a re-embedded text, a
     memory back in the live index, new settings): a reused block is stale once it moves.
     :meth:`touched_since` names the memories the latest change lists touched.
+    ``on_due`` hears of each moment that becomes the earliest of ``schedule``.
+    ``dropped`` is set once the channel is dropped: the view takes no more changes.
     """
 
     name: str
     dim: int
     policy: ChannelPolicy
     clock: Clock
-    records: dict[str, MemoryRecord] = field(default_factory=dict)
+    records: RecordTable = field(default_factory=RecordTable)
     lock: threading.RLock = field(default_factory=threading.RLock)
     dream_lock: threading.Lock = field(default_factory=threading.Lock)
     graph: Graph = field(default_factory=Graph)
@@ -87,6 +90,8 @@ class Channel:
     revision: int = 0
     arrivals: int = 0
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
+    dropped: bool = False
+    on_due: Callable[[float, str], None] | None = None
     _ids: list[str] = field(default_factory=list)
     _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
 
@@ -114,6 +119,11 @@ class Channel:
         clocks = clocks or self.clocks()
         evolved = evolve(record, self.policy, clocks)
         return Current(evolved.copy(), current_heat(evolved, self.policy, clocks))
+
+    def states(self) -> dict[str, int]:
+        """How many memories are in each state now, from the counts the view keeps (no
+        scan of the channel)."""
+        return states_now(self.records, self.schedule, self.policy, self.clocks())
 
     def neighbourhood(self) -> Neighbourhood:
         """What a store links new memories against (read, never written, by ingest)."""
@@ -196,7 +206,31 @@ class Channel:
                 self._apply_to_channel(op)
         self._index_new(new)
         self._touched.append(tuple(touched))
+        self._note_owed_sweep()
         self.revision += 1
+
+    def _note_owed_sweep(self) -> None:
+        """Enough memories turned (or arrived) cold for a sweep: it is due now."""
+        if self.cold_since_sweep >= self.policy.cold_count_trigger and self.on_due is not None:
+            self.on_due(self.clock.now(), self.name)
+
+    def drop(self) -> None:
+        """Empty the view of a channel that was dropped: whoever still holds it reads an
+        empty channel, and it takes no more changes (see ``changes.commit``)."""
+        self.dropped = True
+        self.records.clear()
+        self._ids.clear()
+        self.index = ChannelIndex(self.dim)
+        self.attic = ChannelIndex(self.dim)
+        self.graph = Graph()
+        self.entity_members.clear()
+        self.last_in_session.clear()
+        self.schedule.clear()
+        self.conflicts.clear()
+        self.cold_since_sweep = 0
+        self._touched.clear()  # nothing derived from before says what changed since
+        self.revision += 1
+        self.arrivals += 1
 
     def _apply_to_channel(self, op: Operation) -> None:
         match op:
@@ -215,6 +249,8 @@ class Channel:
                 pass  # state (taken first), the log, other components' bookkeeping
 
     def _add(self, record: MemoryRecord) -> None:
+        if record.state in (COLD, ARCHIVED):
+            self.cold_since_sweep += 1  # imported cold, with its state
         self.records[record.id] = record
         self._insert_id(record.id)
         self._name_entities(record, None)
@@ -282,7 +318,10 @@ class Channel:
     def _schedule(self, record: MemoryRecord) -> None:
         moment = next_change_at(record, self.policy)
         if moment != math.inf:
+            earliest = not self.schedule or moment < self.schedule[0][0]
             heapq.heappush(self.schedule, (moment, record.id))
+            if earliest and self.on_due is not None:
+                self.on_due(moment, self.name)
 
     def _reschedule(self) -> None:
         """Recompute every scheduled moment (after the channel's policy changed).
@@ -306,8 +345,8 @@ class Channel:
             evolved = evolve(record, self.policy, clocks)
             if evolved is not record:
                 changed[memory_id] = evolved
-                if evolved.state == COLD and record.state == ACTIVE:
-                    self.cold_since_sweep += 1
+                if evolved.state in (COLD, ARCHIVED) and record.state == ACTIVE:
+                    self.cold_since_sweep += 1  # turned cold, or arrived long cold
             elif next_change_at(record, self.policy) > clocks.now:
                 self._schedule(record)
         return list(changed.values())

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
 from calor.server.engine.cards import EntityCard, EntityCards
-from calor.server.engine.changes import Bookkeeping, changing
+from calor.server.engine.changes import Bookkeeping, changing, forgotten_with
 from calor.server.engine.channel import Channel
 from calor.server.engine.context import ContextBuilder, ContextQuery, ContextResult, TokenCounter
 from calor.server.engine.dream import Dreamer, DreamReport, keep_apart
@@ -31,12 +32,13 @@ from calor.server.engine.results import Current, RecallResult, Stored
 from calor.server.engine.settling import mark_superseded, settle_conflicts
 from calor.server.engine.share import shared_copy
 from calor.server.engine.storing import StorePipeline
+from calor.server.engine.transfer import Transfer
 from calor.server.engine.tuning import TuneReport
 from calor.server.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.recall.ranking import Hit, rank_channel, recall_window
 from calor.server.recall.temporal import TimeWindow
-from calor.server.records import ACTIVE, COLD, DELETED, MERGED, MemoryRecord
+from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.gates import load_limit
@@ -51,7 +53,7 @@ from calor.server.thermo.lifecycle import (
 )
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["Current", "MemoryEngine", "RecallResult", "Stored"]
+__all__ = ["ChannelOwner", "Current", "MemoryEngine", "RecallResult", "Stored"]
 
 # A change applied to a copy of a record: (record, policy, clocks).
 _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
@@ -59,6 +61,19 @@ _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
 # scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
 # old crossing comes due.
 _RESONATED_LOGGED = 64
+
+
+class ChannelOwner(Protocol):
+    """Another component that keeps things of a channel (the trigger engine: its rules)
+    and drops them with it, in the same batch."""
+
+    def drop_writes(self, channel: str) -> Bookkeeping:
+        """The writes that remove what it keeps of ``channel``."""
+        ...
+
+    def dropped(self, channel: str) -> None:
+        """The batch holding :meth:`drop_writes` is durable: forget ``channel`` in memory."""
+        ...
 
 
 class MemoryEngine:
@@ -73,10 +88,16 @@ class MemoryEngine:
         self._contexts = ContextBuilder(self._cards)
         self._dreamer = Dreamer(store, after=self._cards.refresh)
         self._storing = StorePipeline(self.channels, store, clock)
+        self.transfer = Transfer(self.channels, store, clock, self._storing)
+        """Export and Import of whole channels (see :mod:`calor.server.engine.transfer`)."""
         self.recall_log = RecallLog(store)
         """Every channel's log of recalls (and context calls), which feedback names."""
         self._ratings = Ratings(store, clock, self.channels, self.recall_log)
         self.background: Callable[[Callable[[], object]], object] = lambda work: work()
+        self.owners: list[ChannelOwner] = []
+        """Components whose keeping of a channel goes when it is dropped."""
+        self.dreamt: Callable[[DreamReport, bool], None] = lambda report, cold_only: None
+        """Told of every dream once it ran: its report, and whether it was a sweep."""
 
     @classmethod
     def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
@@ -194,14 +215,14 @@ class MemoryEngine:
         policy = channel.policy
         clocks = channel.clocks()
         due = channel.due_transitions()
-        if not due:
-            return
         sweep = channel.cold_since_sweep >= policy.cold_count_trigger
+        if not due and not sweep:
+            return
         state = replace(channel.state, sweeps=channel.state.sweeps + 1) if sweep else None
         with changing(self._store, channel) as change:
             for record in due:
                 change.put(record)
-                if record.state == COLD and channel.records[record.id].state == ACTIVE:
+                if record.state in (COLD, ARCHIVED) and channel.records[record.id].state == ACTIVE:
                     heat = current_heat(record, policy, clocks)
                     change.log(
                         memory_event(
@@ -220,6 +241,20 @@ class MemoryEngine:
             # memories follows, off this call (DESIGN §6).
             name = channel.name
             self.background(lambda: self.dream(name, cold_only=True))
+
+    def settle_due(self) -> None:
+        """Persist, on time, what fell due by itself in every channel whose moment came
+        (see :mod:`calor.server.engine.due`): state changes, their ``on_decay`` events,
+        the consolidation sweep a channel owes."""
+        due = self.channels.due
+        for name in due.take_due(self._clock.now()):
+            channel = self.channels.find(name)
+            if channel is None:
+                continue
+            with channel.lock:
+                self._migrate_due(channel)
+                if channel.schedule:
+                    due.note(channel.schedule[0][0], name)
 
     # --- reads -----------------------------------------------------------------
 
@@ -429,24 +464,71 @@ class MemoryEngine:
             return live.current(changed, clocks)
 
     def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
-        """Forget memories: each becomes a tombstone without text, embedding or edges."""
+        """Forget memories: each becomes a tombstone without text, embedding or edges, and
+        what quoted its text (event messages, webhook deliveries waiting in the outbox)
+        is rewritten without it, in one batch; the bytes leave the disk at the next purge.
+
+        What holds a copy of a forgotten text goes with it: the memories a dream merged
+        into it (and into those), and the Evaluate findings that quote it. Returns how
+        many memories were forgotten, those included.
+        """
         live = self.channels.find(channel)
         if live is None:
             return 0
         with live.lock:
             now = self._clock.now()
-            gone: list[MemoryRecord] = []
-            for memory_id in dict.fromkeys(memory_ids):
-                record = live.records.get(memory_id)
-                if record is None or record.state == DELETED:
-                    continue
-                gone.append(record)
+            gone = forgotten_with(live, memory_ids)
             if not gone:
                 return 0  # nothing to forget: write nothing
             with changing(self._store, live) as change:
                 for record in gone:
                     change.forget(record, now)
             return len(gone)
+
+    def drop_channel(self, channel: str) -> int:
+        """Remove a whole channel in one batch: its memories (forgotten ones too), their
+        embeddings and edges, its settings and own state, recall log and feedback, its
+        triggers with their history (:attr:`owners`), and the text its events and webhook
+        deliveries quoted (the events stay, numbered as they were). Its live view goes;
+        a later write starts an empty channel of that name. A ``notify`` event says it was
+        dropped. Returns how many memories it held; 0, writing nothing, for a channel
+        that holds nothing (a retried drop).
+        """
+        live = self.channels.find(channel)
+        if live is None:
+            return self._drop(channel, None)
+        with live.lock:
+            return self._drop(channel, live)
+
+    def _drop(self, channel: str, live: Channel | None) -> int:
+        """Drop a channel (its view's lock held, if it has one); see :meth:`drop_channel`."""
+        held = len(live.records) if live is not None else 0
+        extra = [write for owner in self.owners for write in owner.drop_writes(channel)]
+        if live is None and not extra:
+            return 0
+        event = EventRecord(
+            kind="notify",
+            channel=channel,
+            at=self._clock.now(),
+            message=f"channel {channel!r} dropped: {held} memories",
+            payload={"dropped": str(held)},
+        )
+        with changing(self._store, live, channel) as change:
+            change.drop_channel()
+            change.keep(extra)
+            change.log(event)
+        if live is not None:
+            self.channels.retire(channel)  # the view empties and takes no more changes
+            self._cards.refresh(live)  # so the channel's cached cards go
+        for owner in self.owners:
+            owner.dropped(channel)
+        return held
+
+    def purge(self) -> int:
+        """Make RocksDB drop the bytes of what was forgotten or dropped, now (the server's
+        background purge does it within seconds anyway; see
+        :mod:`calor.server.storage.purge`). Returns how many key ranges were compacted."""
+        return self._store.purge()
 
     # --- context and entity cards ----------------------------------------------
 
@@ -577,7 +659,9 @@ class MemoryEngine:
         if live is None:
             return DreamReport()
         with live.dream_lock:
-            return self._dreamer.dream(live, cold_only)
+            report = self._dreamer.dream(live, cold_only)
+        self.dreamt(report, cold_only)
+        return report
 
     def offer(self, channel: str, entropy: int) -> tuple[int, DreamReport | None]:
         """Add offered bytes to the channel's entropy; dream when it crosses the threshold.

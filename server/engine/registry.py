@@ -13,6 +13,7 @@ from calor.server.clock import Clock
 from calor.server.commands import ListQuery
 from calor.server.engine.changes import Changes, changing, commit
 from calor.server.engine.channel import Channel
+from calor.server.engine.due import DueChannels
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.errors import NotFoundError
 from calor.server.records import DELETED, MemoryRecord
@@ -34,6 +35,12 @@ class ChannelRegistry:
         self._default_policy = default_policy
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
+        # Dropped channels' last (revision, arrivals): a view made again under the same
+        # name counts on from there, so nothing derived from the dropped one (an entity
+        # card, a reused Context block) passes for current.
+        self._retired: dict[str, tuple[int, int]] = {}
+        self.due = DueChannels()
+        """The next moment something falls due by itself, per channel."""
 
     def rebuild(self) -> None:
         """Load policies, channel states, records, edges, conflicts and embeddings."""
@@ -77,8 +84,19 @@ class ChannelRegistry:
             channel = self._channels.get(name)
             if channel is None:
                 channel = Channel(name, self._store.dim, self._default_policy, self._clock)
+                channel.on_due = self.due.note
+                channel.revision, channel.arrivals = self._retired.get(name, (0, 0))
                 self._channels[name] = channel
             return channel
+
+    def retire(self, name: str) -> None:
+        """Take a dropped channel's view out (hold its lock): reads find no channel, the
+        view takes no more changes, and a write makes a new, empty one."""
+        with self._lock:
+            view = self._channels.pop(name, None)
+            if view is not None:
+                view.drop()
+                self._retired[name] = (view.revision + 1, view.arrivals + 1)
 
     def find(self, name: str) -> Channel | None:
         """A channel's view, if the channel exists."""
@@ -134,6 +152,19 @@ class ChannelRegistry:
         types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
         return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
+
+    def census(self) -> tuple[int, dict[str, int]]:
+        """How many channels hold a memory that is not forgotten, and the memories of every
+        channel per state, from the counts each channel keeps (no scan of the memories)."""
+        with self._lock:
+            views = list(self._channels.values())
+        holding, states = 0, Counter[str]()
+        for view in views:
+            with view.lock:
+                counts = view.states()
+            holding += any(n for state, n in counts.items() if state != DELETED)
+            states.update(counts)
+        return holding, dict(states)
 
     def decay_crossing(
         self, channel: str, memory_id: str, threshold: float | None

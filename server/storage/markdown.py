@@ -1,48 +1,106 @@
-"""The Markdown form of a channel's memories: rendered for ``Export``, parsed for ``Import``."""
+"""The Markdown form of a channel's memories: rendered for ``Export``, parsed for ``Import``.
 
-# The format, as ``render_header`` and ``render_memory`` write it:
-#
-#     # Calor export: agent-7
-#
-#     Exported 2026-03-01T09:00:00Z · 2 memories
-#
-#     ## Alice is allergic to peanuts
-#     - id: 01JNK3V7M8Q2W4X6Y8Z0A1B2C3
-#     - type: core
-#     - heat: 0.94
-#     - keystone: yes
-#     - state: active
-#     - created: 2026-03-01T09:00:00Z
-#     - tags: person=alice, topic=health
-#     - source: human
-#     - importance: 0.62
-#
-#     ```text
-#     Alice is allergic to peanuts.
-#     ```
-#
-# The text is the fenced block, verbatim; its fence is one backtick longer than the longest
-# backtick run in the text (at least three), so no line of the text can close it. The title
-# is decoration. ``heat`` and ``state`` are informative. ``source``, ``confidence`` and
-# ``tags`` are left out at their defaults (agent, observed, none).
-#
-# Reading is forgiving, for documents people write: a bullet outside a memory section
-# (``- note``, ``* note``, ``1. note``, continued by indented lines) is one memory without
-# metadata; a ``##`` heading with no known metadata key and no fenced block is a plain
-# heading, its bullets notes; a section with metadata but no fence takes the lines up to the
-# next heading as its text. Any other prose is ignored.
+The format, as :func:`render_header` and :func:`render_memory` write it::
+
+    # Calor export: agent-7
+
+    Exported 2026-03-01T09:00:00Z · 2 memories
+
+    ## Alice is allergic to peanuts
+    - id: 01JNK3V7M8Q2W4X6Y8Z0A1B2C3
+    - type: core
+    - heat: 0.94
+    - keystone: yes
+    - state: active
+    - created: 2026-03-01T09:00:00Z
+    - tags: person=alice, topic=health
+    - source: human
+    - importance: 0.62
+    - provenance: from=chat
+    - heat0: 0.9412
+    - t0: 2026-03-02T10:00:00.25Z
+    - stability: 6.25
+    - utility: 0.6180339887
+    - recalls: 2
+    - last_recalled: 2026-03-02T10:00:00.25Z
+    - recall_times: 2026-03-01T18:00:00Z, 2026-03-02T10:00:00.25Z
+    - updated: 2026-03-02T10:00:00.25Z
+    - edges: 01JNK3V7M8Q2W4X6Y8Z0A1B2C4 semantic 0.8312, 01JNK3V7M8Q2W4X6Y8Z0A1B2C5 manual 1.0
+
+    ```text
+    Alice is allergic to peanuts.
+    ```
+
+The text is the fenced block, verbatim; its fence is one backtick longer than the longest
+backtick run in the text (at least three), so no line of the text can close it. The title
+is decoration, and so is ``heat`` (the heat when exported, rounded: ``heat0`` at ``t0`` is
+what it is computed from). Numbers are written as the shortest text that reads back as the
+same float, times in UTC with as many digits of a second as the float needs, so nothing is
+rounded on the way. Keys are left out at their defaults: ``source`` (agent),
+``confidence`` (observed), ``tags`` and ``provenance`` (none), ``recalls``,
+``confirmations``, ``valence``, ``surprise``, ``importance_adjustment`` and
+``interactions_since_t0`` (0), ``last_recalled``, ``recall_times``, ``session``,
+``merged_into``, ``merged_from`` and ``edges`` (none).
+
+**The carried state.** A section that names ``heat0`` and ``t0`` carries its memory's
+whole state, and an import reproduces the memory (the same heat at every moment, in the
+same state) instead of storing it anew. Of :class:`~calor.server.records.MemoryRecord`:
+
+- carried: ``id``, ``text``, ``memory_type``, ``created_at``, ``updated_at``, ``heat0``,
+  ``t0``, ``stability``, ``importance``, ``utility``, ``recall_count``,
+  ``last_recalled_at``, ``recall_times``, ``confirmations``, ``valence`` (read from the
+  text as first stored; a corrected text keeps it), ``surprise``,
+  ``importance_adjustment``, ``keystone``, ``state``, ``tags``, ``source``,
+  ``confidence``, ``provenance``, ``session``, ``merged_into``, ``merged_from``;
+- ``interactions0`` as ``interactions_since_t0``: the channel's interaction count is the
+  channel's own, so what is carried is the memory's age on that clock, rebased on the
+  channel it is imported into;
+- not carried: ``channel`` (the import names it); ``entities``, which the extractor reads
+  from the text alone (re-read on import, they cannot disagree with the text); and
+  ``idempotency_key``, which answers retries of one store call in the channel it was
+  made in, and in another channel could only claim a key its own clients use.
+
+Within one export each section also names its ``edges`` to the other memories of the
+export (each edge appears under both of its ends); edges to memories left out (ghosts,
+archived ones without ``include_archived``) are left out with them. Merged memories are
+exported with the memory they were merged into. The channel's own state (settings,
+cognitive heat, the interaction count, open conflicts) is not part of an export.
+
+**Reading** is forgiving, for documents people write: a bullet outside a memory section
+(``- note``, ``* note``, ``1. note``, continued by indented lines) is one memory without
+metadata; a ``##`` heading with none of the keys older exports wrote (``id``, ``type``,
+``keystone``, ``created``, ``tags``, ``source``, ``confidence``, ``importance``, ``heat``,
+``state``) and no fenced block is a plain heading, its bullets notes; a section with
+metadata but no fence takes the lines up to the next heading as its text. Any other prose
+is ignored, as are unknown keys. A memory without ``heat0`` and ``t0`` (notes, older
+exports) is stored anew, through the store pipeline; its state keys, like ``heat``, are
+then only for people.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from calor.server.commands import NewMemory
 from calor.server.errors import InvalidArgumentError
 from calor.server.records import MemoryRecord
+from calor.server.storage.markdown_memory import CarriedState, LinkTo
 from calor.server.storage.markdown_reader import MarkdownReader, ParsedMemory
-from calor.server.storage.markdown_values import format_tags, format_time, title
+from calor.server.storage.markdown_values import (
+    format_edges,
+    format_number,
+    format_tags,
+    format_text,
+    format_time,
+    format_times,
+    title,
+)
+from calor.server.thermo.graph import Edge
 
 __all__ = [
+    "CarriedState",
+    "LinkTo",
     "MarkdownReader",
     "ParsedMemory",
     "parse_markdown",
@@ -61,13 +119,22 @@ def render_header(channel: str, exported_at: float, count: int) -> str:
     return f"# Calor export: {channel}\n\nExported {format_time(exported_at)} · {count} {noun}\n\n"
 
 
-def render_memory(record: MemoryRecord, heat: float, state: str) -> str:
+def render_memory(
+    record: MemoryRecord,
+    heat: float,
+    state: str,
+    *,
+    edges: Sequence[Edge] = (),
+    interactions: int = 0,
+) -> str:
     """One memory as a ``##`` section: a title, a metadata list, and the text in a fence.
 
     Args:
-        record: The memory.
-        heat: Its current heat (shown, not imported).
-        state: Its current state name (shown, not imported).
+        record: The memory, as it stands (its state evolved to now).
+        heat: Its current heat (shown; ``heat0`` at ``t0`` is what is imported).
+        state: Its current state name.
+        edges: Its edges to other memories of the same export.
+        interactions: The channel's interactions since the memory's ``t0``.
     """
     lines = [
         f"## {title(record.text)}",
@@ -84,11 +151,50 @@ def render_memory(record: MemoryRecord, heat: float, state: str) -> str:
         lines.append(f"- source: {record.source}")
     if record.confidence != "observed":
         lines.append(f"- confidence: {record.confidence}")
-    lines.append(f"- importance: {float(record.importance)!r}")
+    lines.append(f"- importance: {format_number(record.importance)}")
+    lines += _state_lines(record, edges, interactions)
     longest = max((len(run) for run in re.findall(r"`+", record.text)), default=0)
     fence = "`" * max(3, longest + 1)
     lines += ["", f"{fence}text", record.text, fence, "", ""]
     return "\n".join(lines)
+
+
+def _state_lines(record: MemoryRecord, edges: Sequence[Edge], interactions: int) -> list[str]:
+    """The carried state's lines, those at their defaults left out."""
+    lines = []
+    if record.provenance:
+        lines.append(f"- provenance: {format_tags(record.provenance)}")
+    lines += [
+        f"- heat0: {format_number(record.heat0)}",
+        f"- t0: {format_time(record.t0)}",
+        f"- stability: {format_number(record.stability)}",
+        f"- utility: {format_number(record.utility)}",
+    ]
+    optional = [
+        ("recalls", record.recall_count, str(record.recall_count)),
+        ("last_recalled", record.last_recalled_at is not None, _time(record.last_recalled_at)),
+        ("recall_times", record.recall_times, format_times(record.recall_times)),
+        ("confirmations", record.confirmations, str(record.confirmations)),
+        ("valence", record.valence, format_number(record.valence)),
+        ("surprise", record.surprise, format_number(record.surprise)),
+        (
+            "importance_adjustment",
+            record.importance_adjustment,
+            format_number(record.importance_adjustment),
+        ),
+        ("interactions_since_t0", interactions, str(interactions)),
+        ("session", record.session, format_text(record.session)),
+        ("updated", True, format_time(record.updated_at)),
+        ("merged_into", record.merged_into, record.merged_into),
+        ("merged_from", record.merged_from, ", ".join(record.merged_from)),
+        ("edges", edges, format_edges(edges)),
+    ]
+    lines += [f"- {key}: {text}" for key, present, text in optional if present]
+    return lines
+
+
+def _time(at: float | None) -> str:
+    return "" if at is None else format_time(at)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -112,10 +218,14 @@ def parse_markdown(document: str, *, channel: str) -> list[ParsedMemory]:
 
 
 def to_new_memory(parsed: ParsedMemory, channel: str) -> NewMemory:
-    """A parsed memory as a store command; the caller still checks it against its limits.
+    """A parsed memory as a store command (a memory stored anew, whatever state the
+    section carries); the caller still checks it against its limits.
 
     The exported id, when there is one, is kept as ``provenance["imported_id"]``.
     """
+    provenance = dict(parsed.provenance)
+    if parsed.original_id:
+        provenance["imported_id"] = parsed.original_id
     return NewMemory(
         channel=channel,
         text=parsed.text,
@@ -127,5 +237,5 @@ def to_new_memory(parsed: ParsedMemory, channel: str) -> NewMemory:
         confidence=parsed.confidence or "observed",
         idempotency_key="",
         created_at=parsed.created_at,
-        provenance={"imported_id": parsed.original_id} if parsed.original_id else {},
+        provenance=provenance,
     )

@@ -6,22 +6,12 @@ The format, and how forgiving reading is, are described in :mod:`calor.server.st
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from calor.server.errors import FailedPreconditionError, InvalidArgumentError
-from calor.server.storage.markdown_values import (
-    parse_bool,
-    parse_confidence,
-    parse_id,
-    parse_importance,
-    parse_source,
-    parse_tags,
-    parse_time,
-    parse_type,
-)
+from calor.server.storage.markdown_memory import MEMORY_KEYS, ParsedMemory, read_fields
 
 __all__ = ["MarkdownReader", "ParsedMemory"]
 
@@ -34,51 +24,6 @@ _BULLET_RE = re.compile(
 _META_RE = re.compile(
     r"^ {0,3}[-*+][ \t]+(?P<key>[A-Za-z][A-Za-z0-9_-]*)[ \t]*:(?:[ \t](?P<value>.*))?$"
 )
-
-
-@dataclass(frozen=True)
-class ParsedMemory:
-    """One memory read from Markdown; None fields take the server's defaults on import.
-
-    Attributes:
-        text: The memory's text, verbatim.
-        memory_type: A type name, or None to classify it.
-        keystone: Whether the memory is pinned.
-        tags: Tags, keys and values unescaped.
-        created_at: Epoch seconds, or None for now.
-        source: A source name, or None for ``agent``.
-        confidence: A confidence name, or None for ``observed``.
-        importance: In [0, 1], or None for the default.
-        original_id: The id the memory had where it was exported.
-        line: The line the memory starts on (not compared).
-    """
-
-    text: str
-    memory_type: str | None = None
-    keystone: bool = False
-    tags: dict[str, str] = field(default_factory=dict)
-    created_at: float | None = None
-    source: str | None = None
-    confidence: str | None = None
-    importance: float | None = None
-    original_id: str | None = None
-    line: int = field(default=0, compare=False)
-
-
-_Parser = tuple[str, Callable[[str], Any]]
-_PARSERS: dict[str, _Parser] = {
-    "id": ("original_id", parse_id),
-    "type": ("memory_type", parse_type),
-    "memory_type": ("memory_type", parse_type),
-    "keystone": ("keystone", parse_bool),
-    "created": ("created_at", parse_time),
-    "created_at": ("created_at", parse_time),
-    "tags": ("tags", parse_tags),
-    "source": ("source", parse_source),
-    "confidence": ("confidence", parse_confidence),
-    "importance": ("importance", parse_importance),
-}
-_KNOWN_KEYS = frozenset(_PARSERS) | {"heat", "state"}
 
 
 @dataclass(frozen=True)
@@ -338,7 +283,7 @@ class MarkdownReader:
             # Kept until the section shows whether it is a memory or a plain heading over notes.
             if meta is not None:
                 self._bulleted = True
-                self._known = self._known or meta["key"] in _KNOWN_KEYS
+                self._known = self._known or meta["key"] in MEMORY_KEYS
             self._hold(line)
             self._meta.append((self._line_no, line))
         elif self._known:
@@ -365,19 +310,13 @@ class MarkdownReader:
         self._meta = []
 
     def _parse_meta(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {}
-        for number, line in self._meta:
-            match = _META_RE.match(line)
-            parser = _PARSERS.get(match["key"]) if match is not None else None
-            if match is None or parser is None:
-                continue  # blank lines, informative keys (heat, state) and unknown keys
-            name, parse = parser
-            try:
-                fields[name] = parse(match["value"] or "")
-            except ValueError as exc:
-                raise InvalidArgumentError(f"line {number}: {match['key']}: {exc}") from None
+        entries = [
+            (number, match["key"], match["value"] or "")
+            for number, line in self._meta
+            if (match := _META_RE.match(line)) is not None
+        ]
         self._meta = []
-        return fields
+        return read_fields(entries)
 
     def _fence_text(self, fence: _Fence, raw: str) -> None:
         if fence.closes(raw.removesuffix("\r")):

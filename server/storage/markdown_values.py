@@ -3,23 +3,42 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_FLOOR, Decimal
 
 from calor.server.ids import is_valid_id
+from calor.server.thermo.graph import EDGE_KINDS, Edge
 from calor.server.thermo.heat import MEMORY_TYPES, SOURCE_TRUST
 
 __all__ = [
+    "LinkTo",
+    "format_edges",
+    "format_number",
     "format_tags",
+    "format_text",
     "format_time",
+    "format_times",
     "parse_bool",
     "parse_confidence",
+    "parse_count",
+    "parse_edges",
     "parse_id",
+    "parse_ids",
     "parse_importance",
+    "parse_integer",
+    "parse_signed_unit",
     "parse_source",
+    "parse_stability",
+    "parse_state",
     "parse_tags",
+    "parse_text",
     "parse_time",
+    "parse_times",
     "parse_type",
+    "parse_unit",
     "title",
 ]
 
@@ -32,6 +51,10 @@ _BOOLS = {
 }  # fmt: skip
 _ESCAPES = {"\\": "\\\\", ",": "\\,", "=": "\\=", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _UNESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
+# The fraction of the seconds of an ISO time (``09:00:00.25``), read apart to be exact.
+_FRACTION_RE = re.compile(r"(?<=:[0-9]{2})[.,]([0-9]+)")
+# The states a memory can be exported in; a forgotten one has no text to export.
+_STATES = ("active", "cold", "archived", "ghost", "merged")
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -50,12 +73,38 @@ def title(text: str) -> str:
 
 
 def format_time(at: float) -> str:
-    """UTC ISO 8601 with a Z; microseconds only when the time has a fraction of a second."""
+    """UTC ISO 8601 with a Z, exact: the fraction of a second has as many digits as the
+    float needs to read back as itself (none for a whole second)."""
+    exact = Decimal(repr(float(at)))
+    whole = exact.to_integral_value(rounding=ROUND_FLOOR)
     try:
-        moment = (_EPOCH + timedelta(seconds=at)).replace(tzinfo=None)
-    except OverflowError:  # a hair past 9999-12-31T23:59:59 once rounded to microseconds
-        moment = datetime.max if at > 0 else datetime.min
-    return moment.isoformat(timespec="microseconds" if moment.microsecond else "seconds") + "Z"
+        moment = (_EPOCH + timedelta(seconds=int(whole))).replace(tzinfo=None)
+    except OverflowError:  # past 9999-12-31T23:59:59 (or before year 1): the last moment
+        last = datetime.max if at > 0 else datetime.min
+        return last.isoformat(timespec="microseconds" if last.microsecond else "seconds") + "Z"
+    fraction = exact - whole
+    digits = format(fraction, "f")[2:].rstrip("0") if fraction else ""
+    return moment.isoformat(timespec="seconds") + (f".{digits}" if digits else "") + "Z"
+
+
+def format_times(times: Iterable[float]) -> str:
+    """Times as ``format_time`` writes them, separated by commas."""
+    return ", ".join(format_time(at) for at in times)
+
+
+def format_number(value: float) -> str:
+    """A float as the shortest text that reads back as the same float."""
+    return repr(float(value))
+
+
+def format_text(value: str) -> str:
+    """One free-text value (a session name) escaped as a tag value is."""
+    return _escape_tag(value)
+
+
+def format_edges(edges: Iterable[Edge]) -> str:
+    """Edges as ``TO_ID kind weight``, separated by commas."""
+    return ", ".join(f"{e.to_id} {e.kind} {format_number(e.weight)}" for e in edges)
 
 
 def _escape_tag(value: str) -> str:
@@ -109,28 +158,122 @@ def parse_time(value: str) -> float | None:
         return None
     if text.endswith("z"):
         text = text[:-1] + "Z"
+    # The fraction is read apart: datetime keeps microseconds, an export writes the digits
+    # its float needs (a time.time() has seven), and whole + fraction rounds once, exactly.
+    fraction = _FRACTION_RE.search(text)
+    whole_text = text if fraction is None else text[: fraction.start()] + text[fraction.end() :]
     try:
-        moment = datetime.fromisoformat(text)
+        moment = datetime.fromisoformat(whole_text)
     except ValueError:
         raise ValueError(f"{text!r} is not a time such as 2026-03-01T09:00:00Z") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    # Exact: timedelta division is integer microseconds over 10**6, correctly rounded.
-    return (moment - _EPOCH) / timedelta(seconds=1)
+    seconds = (moment - _EPOCH) // timedelta(seconds=1)
+    if fraction is None:
+        return float(seconds)
+    return float(Decimal(seconds) + Decimal("0." + fraction[1]))
 
 
-def parse_importance(value: str) -> float | None:
-    """A number in [0, 1], or None when blank."""
+def parse_times(value: str) -> tuple[float, ...]:
+    """Times separated by commas (blank items skipped)."""
+    times = []
+    for item in value.split(","):
+        at = parse_time(item)
+        if at is not None:
+            times.append(at)
+    return tuple(times)
+
+
+def _number(low: float, high: float, span: str) -> Callable[[str], float | None]:
+    """A parser of numbers in [low, high] (``span`` says which in error messages)."""
+
+    def parse(value: str) -> float | None:
+        text = value.strip(" \t")
+        if not text:
+            return None
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+        if not math.isfinite(number) or not low <= number <= high:
+            raise ValueError(f"{text} is not a number {span}")
+        return number
+
+    return parse
+
+
+parse_unit: Callable[[str], float | None] = _number(0.0, 1.0, "in [0, 1]")
+"""A number in [0, 1], or None when blank."""
+
+parse_importance = parse_unit
+
+parse_signed_unit: Callable[[str], float | None] = _number(-1.0, 1.0, "in [-1, 1]")
+"""A number in [-1, 1] (valence, an importance adjustment), or None when blank."""
+
+parse_stability: Callable[[str], float | None] = _number(math.ulp(0.0), math.inf, "above 0")
+"""A stability: a finite number above 0, or None when blank."""
+
+
+def parse_integer(value: str) -> int | None:
+    """A whole number (of either sign), or None when blank."""
     text = value.strip(" \t")
     if not text:
         return None
-    try:
-        number = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
-        raise ValueError(f"{text} is not a number in [0, 1]")
+    if not re.fullmatch(r"[+-]?[0-9]{1,18}", text):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+def parse_count(value: str) -> int | None:
+    """A whole number of at least 0, or None when blank."""
+    number = parse_integer(value)
+    if number is not None and number < 0:
+        raise ValueError(f"{number} is below 0")
     return number
+
+
+def parse_ids(value: str) -> tuple[str, ...]:
+    """Memory ids separated by commas (blank items skipped)."""
+    return tuple(i for item in value.split(",") if (i := parse_id(item)) is not None)
+
+
+def parse_state(value: str) -> str:
+    """A memory state an export holds (``MEMORY_STATE_`` prefix allowed)."""
+    name = value.strip(" \t").lower().removeprefix("memory_state_")
+    if name not in _STATES:
+        raise ValueError(
+            f"{value.strip()!r} is not a state a memory is exported in ({', '.join(_STATES)})"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class LinkTo:
+    """An edge as a memory section names it: the other memory, the kind, the weight."""
+
+    to_id: str
+    kind: str
+    weight: float
+
+
+def parse_edges(value: str) -> tuple[LinkTo, ...]:
+    """Edges as ``TO_ID kind weight``, separated by commas (blank items skipped)."""
+    edges = []
+    for item in value.split(","):
+        words = item.split()
+        if not words:
+            continue
+        if len(words) != 3:
+            raise ValueError(f"{item.strip()!r} is not an edge (write ID kind weight)")
+        to_id, kind, weight = words
+        if parse_id(to_id) is None:
+            raise ValueError(f"{to_id!r} is not a memory id")
+        if kind.lower() not in EDGE_KINDS:
+            raise ValueError(f"{kind!r} is not an edge kind ({', '.join(EDGE_KINDS)})")
+        number = parse_unit(weight)
+        assert number is not None  # the word is not blank
+        edges.append(LinkTo(to_id, kind.lower(), number))
+    return tuple(edges)
 
 
 def _choice(names: tuple[str, ...], prefix: str) -> Callable[[str], str | None]:
@@ -187,6 +330,11 @@ def _trimmed(chars: list[tuple[str, bool]]) -> str:
     while end > start and chars[end - 1][0] in " \t" and not chars[end - 1][1]:
         end -= 1
     return "".join(char for char, _ in chars[start:end])
+
+
+def parse_text(value: str) -> str:
+    """One free-text value, escaped as :func:`format_text` writes it."""
+    return _trimmed(_unescape(value))
 
 
 def parse_tags(value: str) -> dict[str, str]:

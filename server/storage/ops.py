@@ -25,6 +25,8 @@ __all__ = [
     "AddMemory",
     "ChangeList",
     "DeleteKey",
+    "DeleteRange",
+    "DropChannel",
     "DropVector",
     "Forget",
     "Link",
@@ -33,6 +35,7 @@ __all__ = [
     "Operation",
     "PutKey",
     "PutMemory",
+    "Quote",
     "SetPolicy",
     "SetState",
     "SettleConflict",
@@ -65,9 +68,16 @@ class PutMemory:
 
 @dataclass(frozen=True)
 class Forget:
-    """A memory becomes a tombstone: its record without text, and no embedding."""
+    """A memory becomes a tombstone: its record without text, and no embedding; whatever
+    quoted its text (:class:`Quote`, logged events) is rewritten without it."""
 
     record: MemoryRecord
+
+
+@dataclass(frozen=True)
+class DropChannel:
+    """The whole channel goes: every key it owns, and whatever quoted its memories' texts
+    is rewritten without them."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,28 @@ class DeleteKey:
     key: bytes
 
 
+@dataclass(frozen=True)
+class DeleteRange:
+    """Bookkeeping of another component dropped: every key from ``start`` up to, not
+    including, ``end``."""
+
+    start: bytes
+    end: bytes
+
+
+@dataclass(frozen=True)
+class Quote:
+    """Bookkeeping that carries a memory's text (a webhook delivery): written as ``value``,
+    and as ``scrubbed`` once the memory of ``channel`` is forgotten (at once, if it is by
+    the time this commits)."""
+
+    channel: str
+    memory_id: str
+    key: bytes
+    value: bytes
+    scrubbed: bytes
+
+
 Operation = (
     AddMemory
     | PutMemory
@@ -173,6 +205,9 @@ Operation = (
     | DropVector
     | PutKey
     | DeleteKey
+    | DeleteRange
+    | Quote
+    | DropChannel
 )
 
 
@@ -204,8 +239,12 @@ _NAMES: dict[type, str] = {
     DropVector: "drop_vector",
     PutKey: "put_key",
     DeleteKey: "delete_key",
+    DeleteRange: "delete_range",
+    Quote: "quote",
+    DropChannel: "drop_channel",
 }
 _TYPES = {name: kind for kind, name in _NAMES.items()}
+_BYTES = frozenset({"key", "value", "scrubbed", "start", "end"})  # carried in base64
 
 
 def vector_bytes(vector: np.ndarray) -> bytes:
@@ -262,7 +301,7 @@ def _op_in(raw: dict[str, Any]) -> Operation:
             fields[name] = ChannelPolicy.from_json(json.dumps(value).encode())
         elif name == "vector":
             fields[name] = _vector_in(value)
-        elif name in ("key", "value"):
+        elif name in _BYTES:
             fields[name] = base64.b64decode(value)
         else:
             fields[name] = value

@@ -1,41 +1,33 @@
 """RocksDB, the source of truth: the whole on-disk schema, its migrations, atomic commits
 of change lists, and the reads recovery and the trigger engine need.
 
-Schema version 2. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
+Schema version 2; every key is named in :mod:`calor.server.storage.keys`.
 
-    meta:schema                        JSON {schema_version, model_id, dim}
-    meta:migrations                    JSON list of the migrations this store went through
-    meta:last_seq                      the last event number given (kept when the log is trimmed)
-    m:<channel>\\0<id>                  MemoryRecord JSON
-    v:<channel>\\0<id>                  float32 embedding, little-endian
-    i:<channel>\\0<key>                 id of the memory stored under an idempotency key
-    p:<channel>                        the channel's policy (settings) JSON
-    c:<channel>                        the channel's own state JSON (heat, interactions, ...)
-    e:<channel>\\0<a>\\0<b>\\0<kind>       edge weight as text (a < b; edges are undirected)
-    x:<channel>\\0<a>\\0<b>              an open conflict's reason (a < b)
-    l:<seq, 8 bytes big-endian>        EventRecord JSON: the event log, numbered at commit
-    t:<trigger id>                     TriggerRule JSON
-    f:<trigger id>                     the trigger's fire counter JSON
-    h:<trigger id>\\0<order, 8 bytes>   a firing of the trigger (its history) JSON
-    d:<trigger id>\\0<memory id>        t0 of the heat trajectory whose decay already fired
-    s:cursor                           the trigger dispatcher's place in the log JSON
-    s:watermark                        time up to which decay crossings were handled
-    o:<idempotency key>                a webhook delivery not yet finished JSON
-    r:<channel>\\0<recall id>           a recall's logged hits and their signals JSON (recall log)
-    g:<channel>\\0<recall id>           the last feedback on that recall JSON
-    q:<channel>                        the channel's recall log tally JSON {entries}
-
-Every key is built and parsed here (:class:`Keys` and the readers of
-:class:`MemoryStore`); other modules name keys only through :class:`Keys`. Every write
+Keys are built by :class:`~calor.server.storage.keys.Keys` and parsed by the readers of
+:class:`MemoryStore`; other modules name keys only through :class:`Keys`. Every write
 is a list of change lists (:mod:`calor.server.storage.ops`) committed by :meth:`MemoryStore.write`
 as one atomic RocksDB write batch; with ``sync`` on, the write-ahead log is fsynced
-before the write returns. A store written by an older schema version is brought up to
-date at open by named migrations, each recorded under ``meta:migrations``.
+before the write returns.
+
+Forgetting leaves no text behind: a forgotten memory's record loses its text and its
+embedding key goes; every logged event about a memory that has a message, and every
+:class:`~calor.server.storage.ops.Quote`, is indexed under that memory (``k:``) with its
+scrubbed form, which the forget's own batch puts in its place (what is forgotten before
+it commits is written scrubbed at once). A dropped channel loses every key it owns by
+range deletes in one batch. Deleted bytes linger in the memtable, the write-ahead log
+and older table files until RocksDB compacts them away, so each such batch also records
+the key ranges it touched (``meta:purge``) and :meth:`MemoryStore.purge` flushes and
+compacts them (:mod:`calor.server.storage.purge` runs it soon after, and at the next
+start when a stop cut it short).
+
+A store written by an older schema version is brought up to date at open by named
+migrations, each recorded under ``meta:migrations``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -44,13 +36,27 @@ from typing import cast
 import numpy as np
 import rocksdict
 
-from calor.server.errors import StoreMismatchError, UnavailableError
+from calor.server.errors import (
+    CalorError,
+    StorageError,
+    StorageFullError,
+    StoreMismatchError,
+    UnavailableError,
+)
 from calor.server.events import EventRecord
-from calor.server.records import MemoryRecord
+from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.keys import (
+    SCHEMA_VERSION,
+    SEP,
+    Keys,
+    split,
+)
 from calor.server.storage.ops import (
     AddMemory,
     ChangeList,
     DeleteKey,
+    DeleteRange,
+    DropChannel,
     DropVector,
     Forget,
     Link,
@@ -59,6 +65,7 @@ from calor.server.storage.ops import (
     Operation,
     PutKey,
     PutMemory,
+    Quote,
     SetPolicy,
     SetState,
     SettleConflict,
@@ -70,123 +77,62 @@ from calor.server.storage.ops import (
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
-SCHEMA_VERSION = 2
-_SEP = b"\x00"
+log = logging.getLogger("calor.server")
 
 
-def _join(prefix: bytes, *parts: str) -> bytes:
-    return prefix + _SEP.join(part.encode() for part in parts)
+class _Batch:
+    """One write batch being made, and what its commit must still see to (under the
+    commit lock): events to number, quotes to index, traces of forgotten memories and
+    dropped channels to scrub, and the key ranges whose old bytes must leave the disk."""
+
+    def __init__(self) -> None:
+        self.batch = rocksdict.WriteBatch(raw_mode=True)
+        self.events: list[EventRecord] = []
+        self.quotes: list[Quote] = []
+        self.added: set[tuple[str, str]] = set()
+        self.forgotten: set[tuple[str, str]] = set()
+        self.dropped: set[str] = set()
+        self.erased: list[tuple[bytes, bytes]] = []
+
+    def erase(self, key: bytes) -> None:
+        """Note that the old value of ``key`` must leave the disk."""
+        self.erased.append((key, key + SEP))
+
+    def gone(self, channel: str, memory_id: str) -> bool:
+        """Whether this batch forgets the memory (or drops its channel)."""
+        return (channel, memory_id) in self.forgotten or channel in self.dropped
 
 
-def _split(key: bytes) -> list[str]:
-    return [part.decode() for part in key[2:].split(_SEP)]
-
-
-def _seq_bytes(seq: int) -> bytes:
-    return seq.to_bytes(8, "big")
-
-
-class Keys:
-    """Every key of the store, by name."""
-
-    META = b"meta:schema"
-    MIGRATIONS = b"meta:migrations"
-    LAST_SEQ = b"meta:last_seq"
-    CURSOR = b"s:cursor"
-    WATERMARK = b"s:watermark"
-
-    @staticmethod
-    def memory(channel: str, memory_id: str) -> bytes:
-        """A memory's record."""
-        return _join(b"m:", channel, memory_id)
-
-    @staticmethod
-    def vector(channel: str, memory_id: str) -> bytes:
-        """A memory's embedding."""
-        return _join(b"v:", channel, memory_id)
-
-    @staticmethod
-    def idempotency(channel: str, key: str) -> bytes:
-        """The memory a store with this idempotency key made."""
-        return _join(b"i:", channel, key)
-
-    @staticmethod
-    def policy(channel: str) -> bytes:
-        """A channel's settings."""
-        return b"p:" + channel.encode()
-
-    @staticmethod
-    def channel_state(channel: str) -> bytes:
-        """A channel's own state."""
-        return b"c:" + channel.encode()
-
-    @staticmethod
-    def edge(channel: str, a: str, b: str, kind: str) -> bytes:
-        """An undirected edge (the smaller id first)."""
-        low, high = (a, b) if a < b else (b, a)
-        return _join(b"e:", channel, low, high, kind)
-
-    @staticmethod
-    def conflict(channel: str, a: str, b: str) -> bytes:
-        """An open conflict between two memories (the smaller id first)."""
-        low, high = (a, b) if a < b else (b, a)
-        return _join(b"x:", channel, low, high)
-
-    @staticmethod
-    def event(seq: int) -> bytes:
-        """A logged event: sequence numbers sort as keys."""
-        return b"l:" + _seq_bytes(seq)
-
-    @staticmethod
-    def trigger(trigger_id: str) -> bytes:
-        """A trigger's rule."""
-        return b"t:" + trigger_id.encode()
-
-    @staticmethod
-    def fire_counter(trigger_id: str) -> bytes:
-        """How often a trigger fired, and when last."""
-        return b"f:" + trigger_id.encode()
-
-    @staticmethod
-    def firing(trigger_id: str, order: int) -> bytes:
-        """One entry of a trigger's history."""
-        return _join(b"h:", trigger_id) + _SEP + _seq_bytes(order)
-
-    @staticmethod
-    def decay_mark(trigger_id: str, memory_id: str) -> bytes:
-        """The heat trajectory of a memory whose decay crossing a trigger fired for."""
-        return _join(b"d:", trigger_id, memory_id)
-
-    @staticmethod
-    def delivery(idempotency_key: str) -> bytes:
-        """A webhook delivery in the outbox."""
-        return b"o:" + idempotency_key.encode()
-
-    @staticmethod
-    def recall(channel: str, recall_id: str) -> bytes:
-        """One logged recall of a channel (recall ids sort by time)."""
-        return _join(b"r:", channel, recall_id)
-
-    @staticmethod
-    def feedback(channel: str, recall_id: str) -> bytes:
-        """The feedback given on one logged recall."""
-        return _join(b"g:", channel, recall_id)
-
-    @staticmethod
-    def recall_tally(channel: str) -> bytes:
-        """How many recalls a channel's recall log holds."""
-        return b"q:" + channel.encode()
-
-
-def _put_ops(batch: rocksdict.WriteBatch, change: ChangeList, events: list[EventRecord]) -> None:
-    """Add one change list's keys to ``batch``; its events go to ``events`` for numbering."""
+def _put_ops(held: _Batch, change: ChangeList) -> None:
+    """Add one change list's keys to the batch; its events, quotes, forgets and drops are
+    noted for the commit to finish."""
+    name = change.channel
+    forgets = any(isinstance(op, Forget) for op in change.ops)
     for op in change.ops:
         if isinstance(op, Log):
-            events.append(op.event)
+            held.events.append(op.event)
+        elif isinstance(op, Quote):
+            held.quotes.append(op)
+        elif isinstance(op, DropChannel):
+            held.dropped.add(name)
+            for start, end in Keys.channel_ranges(name):
+                held.batch.delete_range(start, end)
+                held.erased.append((start, end))
+        elif isinstance(op, DeleteRange):
+            held.batch.delete_range(op.start, op.end)
+            held.erased.append((op.start, op.end))
         elif isinstance(op, AddMemory | PutMemory | Forget | StageVector | DropVector):
-            _put_memory_op(batch, change.channel, op)
+            _put_memory_op(held.batch, name, op)
+            if isinstance(op, AddMemory):
+                held.added.add((name, op.record.id))
+            elif isinstance(op, Forget):
+                held.forgotten.add((name, op.record.id))
+                held.erase(Keys.memory(name, op.record.id))
+                held.erase(Keys.vector(name, op.record.id))
         else:
-            _put_channel_op(batch, change.channel, op)
+            _put_channel_op(held.batch, name, op)
+            if forgets and isinstance(op, SettleConflict):  # its reason may quote numbers
+                held.erase(Keys.conflict(name, op.a, op.b))
 
 
 def _put_memory_op(
@@ -234,6 +180,24 @@ def _put_channel_op(batch: rocksdict.WriteBatch, name: str, op: Operation) -> No
             batch.delete(key)
 
 
+# How RocksDB words a write refused for want of space: ENOSPC, EFBIG (a file size
+# limit), EDQUOT.
+_FULL = ("no space left on device", "file too large", "disk quota exceeded")
+
+
+def _write_refused(error: Exception) -> CalorError:
+    """What a failed RocksDB write means to a caller: a full disk is RESOURCE_EXHAUSTED,
+    any other I/O error UNAVAILABLE. The in-memory view does not take the batch."""
+    message = str(error)
+    log.error("RocksDB refused a write: %s", message)
+    if any(words in message.lower() for words in _FULL):
+        return StorageFullError(
+            f"the store is out of disk space and refused the write ({message}); "
+            "free space, then restart the server"
+        )
+    return StorageError(f"the store could not write ({message})")
+
+
 # A migration brings a store from the version before it to its own: (version, name, step).
 _Migration = tuple[int, str, Callable[[rocksdict.Rdict], None]]
 
@@ -262,8 +226,12 @@ class MemoryStore:
         self._closed = False
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
+        self._purge_lock = threading.Lock()
         self.last_seq = self._find_last_seq()
         self._listeners: list[Callable[[list[EventRecord]], None]] = []
+        self._purge_listeners: list[Callable[[], None]] = []
+        saved = db.get(Keys.PURGE)
+        self._purging: dict[bytes, tuple[bytes, bytes]] = _ranges_from(saved)
 
     def _find_last_seq(self) -> int:
         """The last event number given: numbers go on even after retention emptied the log."""
@@ -271,7 +239,7 @@ class MemoryStore:
         last = int(kept) if kept is not None else 0
         for key, _ in self._db.items(backwards=True, from_key=b"l;"):
             raw_key = cast(bytes, key)
-            if raw_key.startswith(b"l:"):
+            if raw_key.startswith(Keys.EVENTS):
                 last = max(last, int.from_bytes(raw_key[2:], "big"))
             break
         return last
@@ -283,6 +251,16 @@ class MemoryStore:
         (hand the events to an event loop, for example).
         """
         self._listeners.append(listener)
+
+    def on_purge(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each commit that left bytes for :meth:`purge` to drop
+        (in the committing thread, under the commit lock: it must be quick)."""
+        self._purge_listeners.append(listener)
+
+    @property
+    def purge_pending(self) -> bool:
+        """Whether forgotten or dropped bytes may still be on disk (:meth:`purge` drops them)."""
+        return bool(self._purging)
 
     @classmethod
     def open(cls, path: Path, *, model_id: str, dim: int, sync: bool = True) -> MemoryStore:
@@ -296,6 +274,11 @@ class MemoryStore:
         path.mkdir(parents=True, exist_ok=True)
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
+        # A write-ahead log made obsolete by a flush is deleted at once, never archived:
+        # it may hold the text of what was forgotten since (RocksDB's defaults; said here
+        # because forgetting relies on them).
+        options.set_wal_ttl_seconds(0)
+        options.set_wal_size_limit_mb(0)
         db = rocksdict.Rdict(str(path / "rocksdb"), options)
         expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
         found = db.get(Keys.META)
@@ -329,27 +312,119 @@ class MemoryStore:
         Events are numbered at commit, in order, and handed to the commit listeners.
         """
         self._check_open()
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        events: list[EventRecord] = []
+        held = _Batch()
         for change in changes:
-            _put_ops(batch, change, events)
+            _put_ops(held, change)
+        batch = held.batch
         with self._commit_lock:
-            numbered = [e.with_seq(self.last_seq + n) for n, e in enumerate(events, 1)]
-            for event in numbered:
-                batch.put(Keys.event(event.seq), event.to_json())
+            for channel, memory_id in held.forgotten:
+                self._scrub(held, Keys.quote(channel, memory_id, b""))
+            for channel in held.dropped:
+                self._scrub(held, Keys.channel_quotes(channel))
+            numbered = [
+                self._put_event(held, e.with_seq(self.last_seq + n))
+                for n, e in enumerate(held.events, 1)
+            ]
             if numbered:
                 batch.put(Keys.LAST_SEQ, str(numbered[-1].seq).encode())
-            self._db.write(batch, self._write_options)
+            for quote in held.quotes:
+                self._put_quote(held, quote)
+            purging = _merged(self._purging, held.erased)
+            if held.erased:
+                batch.put(Keys.PURGE, _ranges_json(purging))
+            try:
+                self._db.write(batch, self._write_options)
+            except Exception as error:  # rocksdict raises a bare Exception: "IO error: …"
+                raise _write_refused(error) from error
+            self._purging = purging
             if numbered:
                 self.last_seq = numbered[-1].seq
                 for listener in self._listeners:
                     listener(numbered)
+            if held.erased:
+                for purge_listener in self._purge_listeners:
+                    purge_listener()
         return numbered
+
+    def _put_event(self, held: _Batch, event: EventRecord) -> EventRecord:
+        """Put a numbered event; one that may quote its memory is indexed under it, or
+        put scrubbed when the memory is forgotten already. Returns what was put."""
+        if event.may_quote():
+            if self._forgotten(held, event.channel, event.memory_id):
+                event = event.scrubbed()
+            else:
+                index = Keys.quote(event.channel, event.memory_id, Keys.event(event.seq))
+                held.batch.put(index, event.scrubbed().to_json())
+        held.batch.put(Keys.event(event.seq), event.to_json())
+        return event
+
+    def _put_quote(self, held: _Batch, quote: Quote) -> None:
+        """Put a quote, indexed under its memory; scrubbed when that is forgotten already."""
+        if self._forgotten(held, quote.channel, quote.memory_id):
+            held.batch.put(quote.key, quote.scrubbed)
+        else:
+            held.batch.put(quote.key, quote.value)
+            held.batch.put(Keys.quote(quote.channel, quote.memory_id, quote.key), quote.scrubbed)
+
+    def _forgotten(self, held: _Batch, channel: str, memory_id: str) -> bool:
+        """Whether a memory is forgotten (or gone with its channel) as of this batch."""
+        if held.gone(channel, memory_id):
+            return True
+        if (channel, memory_id) in held.added:
+            return False
+        data = self._db.get(Keys.memory(channel, memory_id))
+        return data is None or MemoryRecord.from_json(data).state == DELETED
+
+    def _scrub(self, held: _Batch, prefix: bytes) -> None:
+        """Put in place the scrubbed form of everything the quote index holds under
+        ``prefix`` (one memory's or one channel's), and drop those index entries."""
+        for key, scrubbed in self._scan(prefix):
+            _, _, quoted = key[2:].split(SEP, 2)
+            if self._db.get(quoted) is not None:  # not trimmed from the log, nor finished
+                held.batch.put(quoted, scrubbed)
+                held.erase(quoted)
+            held.batch.delete(key)
 
     def trim_events(self, keep_after: int) -> None:
         """Drop logged events numbered up to ``keep_after`` (retention)."""
         self._check_open()
-        self._db.delete_range(Keys.event(0), Keys.event(keep_after + 1))
+        with self._commit_lock:  # never between a forget's read of an event and its rewrite
+            try:
+                self._db.delete_range(Keys.event(0), Keys.event(keep_after + 1))
+            except Exception as error:  # rocksdict raises a bare Exception: "IO error: …"
+                raise _write_refused(error) from error
+
+    # --- purging -------------------------------------------------------------------
+
+    def purge(self) -> int:
+        """Make RocksDB drop the bytes of what was forgotten or dropped, now.
+
+        Deleted and overwritten values linger in the memtable, the write-ahead log and
+        older table files. The memtable is flushed (which makes the log that held them
+        obsolete; RocksDB deletes it), then every key range waiting for it is compacted
+        down to the last level, which rewrites the files that held old values without
+        them; RocksDB deletes the files they replace. Returns how many ranges were
+        compacted (0: nothing was waiting).
+        """
+        with self._purge_lock:
+            self._check_open()
+            with self._commit_lock:
+                ranges = dict(self._purging)
+            if not ranges:
+                return 0
+            self._db.flush(True)
+            options = rocksdict.CompactOptions()
+            options.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force())
+            for start, end in sorted(ranges.values()):
+                self._db.compact_range(start, end, options)
+            with self._commit_lock:
+                left = {f: span for f, span in self._purging.items() if ranges.get(f) != span}
+                if left:
+                    self._db.put(Keys.PURGE, _ranges_json(left), self._write_options)
+                else:
+                    self._db.delete(Keys.PURGE, self._write_options)
+                self._purging = left
+            return len(ranges)
 
     # --- memories ------------------------------------------------------------------
 
@@ -367,42 +442,42 @@ class MemoryStore:
 
     def idempotency_keys(self) -> Iterator[tuple[str, str, str]]:
         """Every idempotency entry as (channel, key, memory id)."""
-        for key, value in self._scan(b"i:"):
-            channel, _, name = key[2:].partition(_SEP)
+        for key, value in self._scan(Keys.IDEMPOTENCY):
+            channel, _, name = key[2:].partition(SEP)
             yield channel.decode(), name.decode(), value.decode()
 
     def records(self, channel: str | None = None) -> Iterator[MemoryRecord]:
         """Every record, of one channel or of all, in key order."""
-        prefix = b"m:" if channel is None else Keys.memory(channel, "")
+        prefix = Keys.MEMORIES if channel is None else Keys.memory(channel, "")
         for _, value in self._scan(prefix):
             yield MemoryRecord.from_json(value)
 
     def policies(self) -> Iterator[tuple[str, bytes]]:
         """Every channel's stored policy JSON as (channel, data)."""
-        for key, value in self._scan(b"p:"):
+        for key, value in self._scan(Keys.POLICIES):
             yield key[2:].decode(), value
 
     def channel_states(self) -> Iterator[tuple[str, bytes]]:
         """Every channel's stored own state as (channel, JSON)."""
-        for key, value in self._scan(b"c:"):
+        for key, value in self._scan(Keys.STATES):
             yield key[2:].decode(), value
 
     def edges(self) -> Iterator[tuple[str, str, str, str, float]]:
         """Every stored edge as (channel, a, b, kind, weight)."""
-        for key, value in self._scan(b"e:"):
-            channel, a, b, kind = _split(key)
+        for key, value in self._scan(Keys.EDGES):
+            channel, a, b, kind = split(key)
             yield channel, a, b, kind, float(value)
 
     def conflicts(self) -> Iterator[tuple[str, str, str, str]]:
         """Every open conflict as (channel, a, b, reason)."""
-        for key, value in self._scan(b"x:"):
-            channel, a, b = _split(key)
+        for key, value in self._scan(Keys.CONFLICTS):
+            channel, a, b = split(key)
             yield channel, a, b, value.decode()
 
     def vectors(self) -> Iterator[tuple[str, str, np.ndarray]]:
         """Every stored embedding as (channel, id, vector)."""
-        for key, value in self._scan(b"v:"):
-            channel, _, memory_id = key[2:].partition(_SEP)
+        for key, value in self._scan(Keys.VECTORS):
+            channel, _, memory_id = key[2:].partition(SEP)
             yield channel.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
 
     # --- the event log -------------------------------------------------------------
@@ -410,7 +485,7 @@ class MemoryStore:
     def events_after(self, seq: int, limit: int = 1000) -> list[EventRecord]:
         """Logged events with a sequence number above ``seq``, oldest first."""
         found: list[EventRecord] = []
-        for _, value in self._scan(b"l:", start=Keys.event(seq + 1)):
+        for _, value in self._scan(Keys.EVENTS, start=Keys.event(seq + 1)):
             found.append(EventRecord.from_json(value))
             if len(found) >= limit:
                 break
@@ -418,12 +493,12 @@ class MemoryStore:
 
     def logged(self) -> Iterator[tuple[int, bytes]]:
         """Every logged event as (the sequence number of its key, JSON), oldest first."""
-        for key, value in self._scan(b"l:"):
+        for key, value in self._scan(Keys.EVENTS):
             yield int.from_bytes(key[2:], "big"), value
 
     def first_seq(self) -> int:
         """The oldest sequence number the log still holds (0 when empty)."""
-        for key, _ in self._scan(b"l:"):
+        for key, _ in self._scan(Keys.EVENTS):
             return int.from_bytes(key[2:], "big")
         return 0
 
@@ -431,27 +506,27 @@ class MemoryStore:
 
     def trigger_rules(self) -> Iterator[bytes]:
         """Every trigger's rule JSON, in id order."""
-        for _, value in self._scan(b"t:"):
+        for _, value in self._scan(Keys.TRIGGERS):
             yield value
 
     def fire_counters(self) -> Iterator[tuple[str, bytes]]:
         """Every trigger's fire counter as (trigger id, JSON)."""
-        for key, value in self._scan(b"f:"):
+        for key, value in self._scan(Keys.FIRE_COUNTERS):
             yield key[2:].decode(), value
 
     def firings(self, trigger_id: str) -> Iterator[bytes]:
         """A trigger's history entries (JSON), oldest first."""
-        for _, value in self._scan(_join(b"h:", trigger_id) + _SEP):
+        for _, value in self._scan(Keys.history(trigger_id)):
             yield value
 
     def last_firing_order(self, trigger_id: str) -> int:
         """The order number of a trigger's latest history entry (0 if none)."""
-        last = self._last_key(_join(b"h:", trigger_id) + _SEP)
+        last = self._last_key(Keys.history(trigger_id))
         return 0 if last is None else int.from_bytes(last[-8:], "big")
 
     def deliveries(self) -> Iterator[bytes]:
         """Every webhook delivery in the outbox (JSON), in key order."""
-        for _, value in self._scan(b"o:"):
+        for _, value in self._scan(Keys.DELIVERIES):
             yield value
 
     # --- the recall log and its feedback -------------------------------------------
@@ -516,10 +591,39 @@ class MemoryStore:
 
     def close(self) -> None:
         """Flush and close RocksDB; later calls raise UnavailableError."""
-        with self._lock:
+        with self._purge_lock, self._lock:
             if not self._closed:
                 self._closed = True
-                self._db.close()
+                try:
+                    self._db.close()
+                except Exception as error:  # an earlier write failed (a full disk)
+                    # What was acknowledged is in the synced write-ahead log; the next
+                    # open replays it, so a refused write must not fail the shutdown.
+                    log.error("RocksDB closed with an error: %s", error)
+
+
+def _merged(
+    pending: dict[bytes, tuple[bytes, bytes]], erased: Sequence[tuple[bytes, bytes]]
+) -> dict[bytes, tuple[bytes, bytes]]:
+    """Ranges waiting for a purge, one per key family (its first two bytes), widened to
+    cover ``erased``: few compactions however many forgets came in between."""
+    merged = dict(pending)
+    for start, end in erased:
+        family = start[:2]
+        low, high = merged.get(family, (start, end))
+        merged[family] = (min(low, start), max(high, end))
+    return merged
+
+
+def _ranges_json(ranges: dict[bytes, tuple[bytes, bytes]]) -> bytes:
+    return json.dumps([[start.hex(), end.hex()] for start, end in ranges.values()]).encode()
+
+
+def _ranges_from(saved: bytes | None) -> dict[bytes, tuple[bytes, bytes]]:
+    if saved is None:
+        return {}
+    ranges = [(bytes.fromhex(start), bytes.fromhex(end)) for start, end in json.loads(saved)]
+    return _merged({}, ranges)
 
 
 def _write_meta(db: rocksdict.Rdict, meta: dict[str, object], migrations: list[str]) -> None:

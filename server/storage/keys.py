@@ -1,0 +1,207 @@
+"""Every RocksDB key of the store, by name: the whole on-disk schema.
+
+Schema version 2. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
+
+    meta:schema                        JSON {schema_version, model_id, dim}
+    meta:migrations                    JSON list of the migrations this store went through
+    meta:last_seq                      the last event number given (kept when the log is trimmed)
+    meta:purge                         JSON key ranges whose old bytes RocksDB must still drop
+    m:<channel>\\0<id>                  MemoryRecord JSON
+    v:<channel>\\0<id>                  float32 embedding, little-endian
+    i:<channel>\\0<key>                 id of the memory stored under an idempotency key
+    p:<channel>                        the channel's policy (settings) JSON
+    c:<channel>                        the channel's own state JSON (heat, interactions, ...)
+    e:<channel>\\0<a>\\0<b>\\0<kind>       edge weight as text (a < b; edges are undirected)
+    x:<channel>\\0<a>\\0<b>              an open conflict's reason (a < b)
+    l:<seq, 8 bytes big-endian>        EventRecord JSON: the event log, numbered at commit
+    t:<trigger id>                     TriggerRule JSON
+    f:<trigger id>                     the trigger's fire counter JSON
+    h:<trigger id>\\0<order, 8 bytes>   a firing of the trigger (its history) JSON
+    d:<trigger id>\\0<memory id>        t0 of the heat trajectory whose decay already fired
+    s:cursor                           the trigger dispatcher's place in the log JSON
+    s:watermark                        time up to which decay crossings were handled
+    o:<idempotency key>                a webhook delivery not yet finished JSON
+    r:<channel>\\0<recall id>           a recall's logged hits and their signals JSON (recall log)
+    g:<channel>\\0<recall id>           the last feedback on that recall JSON
+    q:<channel>                        the channel's recall log tally JSON {entries}
+    k:<channel>\\0<id>\\0<key>           ``key`` quotes the memory's text: what to put there
+                                       once the memory is forgotten (a quote index)
+
+Keys are built here (:class:`Keys`) and nowhere else; the store's readers parse them
+with :func:`split`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHANNEL_FAMILIES",
+    "SCHEMA_VERSION",
+    "SEP",
+    "Keys",
+    "join",
+    "past",
+    "seq_bytes",
+    "split",
+]
+
+SCHEMA_VERSION = 2
+SEP = b"\x00"
+
+
+def join(prefix: bytes, *parts: str) -> bytes:
+    return prefix + SEP.join(part.encode() for part in parts)
+
+
+def split(key: bytes) -> list[str]:
+    return [part.decode() for part in key[2:].split(SEP)]
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+class Keys:
+    """Every key of the store, by name."""
+
+    META = b"meta:schema"
+    MIGRATIONS = b"meta:migrations"
+    LAST_SEQ = b"meta:last_seq"
+    PURGE = b"meta:purge"
+    CURSOR = b"s:cursor"
+    WATERMARK = b"s:watermark"
+    # Whole families, for the store's readers to scan.
+    MEMORIES = b"m:"
+    VECTORS = b"v:"
+    IDEMPOTENCY = b"i:"
+    POLICIES = b"p:"
+    STATES = b"c:"
+    EDGES = b"e:"
+    CONFLICTS = b"x:"
+    EVENTS = b"l:"
+    TRIGGERS = b"t:"
+    FIRE_COUNTERS = b"f:"
+    DELIVERIES = b"o:"
+
+    @staticmethod
+    def memory(channel: str, memory_id: str) -> bytes:
+        """A memory's record."""
+        return join(b"m:", channel, memory_id)
+
+    @staticmethod
+    def vector(channel: str, memory_id: str) -> bytes:
+        """A memory's embedding."""
+        return join(b"v:", channel, memory_id)
+
+    @staticmethod
+    def idempotency(channel: str, key: str) -> bytes:
+        """The memory a store with this idempotency key made."""
+        return join(b"i:", channel, key)
+
+    @staticmethod
+    def policy(channel: str) -> bytes:
+        """A channel's settings."""
+        return b"p:" + channel.encode()
+
+    @staticmethod
+    def channel_state(channel: str) -> bytes:
+        """A channel's own state."""
+        return b"c:" + channel.encode()
+
+    @staticmethod
+    def edge(channel: str, a: str, b: str, kind: str) -> bytes:
+        """An undirected edge (the smaller id first)."""
+        low, high = (a, b) if a < b else (b, a)
+        return join(b"e:", channel, low, high, kind)
+
+    @staticmethod
+    def conflict(channel: str, a: str, b: str) -> bytes:
+        """An open conflict between two memories (the smaller id first)."""
+        low, high = (a, b) if a < b else (b, a)
+        return join(b"x:", channel, low, high)
+
+    @staticmethod
+    def event(seq: int) -> bytes:
+        """A logged event: sequence numbers sort as keys."""
+        return b"l:" + seq_bytes(seq)
+
+    @staticmethod
+    def trigger(trigger_id: str) -> bytes:
+        """A trigger's rule."""
+        return b"t:" + trigger_id.encode()
+
+    @staticmethod
+    def fire_counter(trigger_id: str) -> bytes:
+        """How often a trigger fired, and when last."""
+        return b"f:" + trigger_id.encode()
+
+    @staticmethod
+    def firing(trigger_id: str, order: int) -> bytes:
+        """One entry of a trigger's history."""
+        return join(b"h:", trigger_id) + SEP + seq_bytes(order)
+
+    @staticmethod
+    def decay_mark(trigger_id: str, memory_id: str) -> bytes:
+        """The heat trajectory of a memory whose decay crossing a trigger fired for."""
+        return join(b"d:", trigger_id, memory_id)
+
+    @staticmethod
+    def delivery(idempotency_key: str) -> bytes:
+        """A webhook delivery in the outbox."""
+        return b"o:" + idempotency_key.encode()
+
+    @staticmethod
+    def recall(channel: str, recall_id: str) -> bytes:
+        """One logged recall of a channel (recall ids sort by time)."""
+        return join(b"r:", channel, recall_id)
+
+    @staticmethod
+    def feedback(channel: str, recall_id: str) -> bytes:
+        """The feedback given on one logged recall."""
+        return join(b"g:", channel, recall_id)
+
+    @staticmethod
+    def recall_tally(channel: str) -> bytes:
+        """How many recalls a channel's recall log holds."""
+        return b"q:" + channel.encode()
+
+    @staticmethod
+    def quote(channel: str, memory_id: str, key: bytes) -> bytes:
+        """The quote index entry saying that ``key`` holds a piece of a memory's text
+        (``key`` empty: the prefix of every entry of the memory)."""
+        return join(b"k:", channel, memory_id) + SEP + key
+
+    @staticmethod
+    def history(trigger_id: str) -> bytes:
+        """The prefix of every entry of a trigger's history."""
+        return join(b"h:", trigger_id) + SEP
+
+    @staticmethod
+    def channel_quotes(channel: str) -> bytes:
+        """The prefix of every quote index entry of a channel."""
+        return join(b"k:", channel) + SEP
+
+    @staticmethod
+    def trigger_ranges(trigger_id: str) -> list[tuple[bytes, bytes]]:
+        """Every key range a trigger owns (rule, counter, history, decay marks), as
+        [start, end) pairs: what deleting it for good removes."""
+        exact = [Keys.trigger(trigger_id), Keys.fire_counter(trigger_id)]
+        prefixes = [join(b"h:", trigger_id) + SEP, join(b"d:", trigger_id) + SEP]
+        return [(key, key + SEP) for key in exact] + [(p, past(p)) for p in prefixes]
+
+    @staticmethod
+    def channel_ranges(channel: str) -> list[tuple[bytes, bytes]]:
+        """Every key range a channel owns, as [start, end) pairs: what dropping it
+        deletes (its triggers are the trigger engine's: :meth:`trigger_ranges`)."""
+        prefixes = [join(family, channel) + SEP for family in CHANNEL_FAMILIES]
+        exact = [Keys.policy(channel), Keys.channel_state(channel), Keys.recall_tally(channel)]
+        return [(p, past(p)) for p in prefixes] + [(key, key + SEP) for key in exact]
+
+
+# The families whose keys start with ``<channel>\0``: memories, embeddings, idempotency
+# keys, edges, conflicts, the recall log, feedback, the quote index.
+CHANNEL_FAMILIES = (b"m:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:")
+
+
+def past(prefix: bytes) -> bytes:
+    """The least key after every key that starts with ``prefix`` (which ends in NUL)."""
+    return prefix[:-1] + b"\x01"

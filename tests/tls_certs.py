@@ -1,0 +1,118 @@
+"""Throwaway TLS material for the tests: a CA, a server certificate for 127.0.0.1 and
+localhost, a client certificate, and a second CA that signed none of them."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_Key = ec.EllipticCurvePrivateKey
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files in one folder."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    other_ca: Path
+
+
+def make_tls_files(folder: Path) -> TlsFiles:
+    """Write a fresh CA, the certificates it signs and an unrelated CA into ``folder``."""
+    ca_key, ca_cert = _authority("Calor test CA")
+    server_key, server_cert = _leaf(ca_key, ca_cert, "calor test server", server=True)
+    client_key, client_cert = _leaf(ca_key, ca_cert, "calor test client", server=False)
+    _, other_cert = _authority("Some other CA")
+    files = TlsFiles(
+        ca=folder / "ca.pem",
+        server_cert=folder / "server.pem",
+        server_key=folder / "server.key",
+        client_cert=folder / "client.pem",
+        client_key=folder / "client.key",
+        other_ca=folder / "other-ca.pem",
+    )
+    files.ca.write_bytes(_cert_pem(ca_cert))
+    files.server_cert.write_bytes(_cert_pem(server_cert))
+    files.server_key.write_bytes(_key_pem(server_key))
+    files.client_cert.write_bytes(_cert_pem(client_cert))
+    files.client_key.write_bytes(_key_pem(client_key))
+    files.other_ca.write_bytes(_cert_pem(other_cert))
+    return files
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _builder(subject: str, issuer: x509.Name, key: _Key) -> x509.CertificateBuilder:
+    now = datetime.now(UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=2))
+    )
+
+
+def _authority(common_name: str) -> tuple[_Key, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    cert = (
+        _builder(common_name, _name(common_name), key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _leaf(
+    ca_key: _Key, ca_cert: x509.Certificate, common_name: str, *, server: bool
+) -> tuple[_Key, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    purpose = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        _builder(common_name, ca_cert.subject, key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([purpose]), critical=False)
+    )
+    if server:
+        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: _Key) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
