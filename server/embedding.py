@@ -31,6 +31,8 @@ __all__ = ["BatchEmbedding", "EmbeddingQueue", "IngestLane"]
 _FIRST_CHUNK_CHARS = 1_500
 # How much each measured run moves the estimate of seconds per character.
 _SMOOTHING = 0.3
+# How many recent queries' vectors are kept (384 float32 each: 1.5 KB).
+QUERY_CACHE = 1_024
 
 
 @dataclass(eq=False)
@@ -75,9 +77,15 @@ class EmbeddingQueue:
     """Embeds queries and passages for many callers, each kind on its own model thread."""
 
     def __init__(
-        self, embedder: Embedder, max_batch: int = 64, chunk_seconds: float = 0.05
+        self,
+        embedder: Embedder,
+        max_batch: int = 64,
+        chunk_seconds: float = 0.05,
+        query_cache: int = QUERY_CACHE,
     ) -> None:
         self.embedder = embedder
+        self._cached: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = query_cache
         self._max_batch = max_batch
         self._chunk_seconds = chunk_seconds
         self._seconds_per_char: float | None = None
@@ -110,14 +118,25 @@ class EmbeddingQueue:
         return await job.future
 
     async def query(self, text: str) -> np.ndarray:
-        """The unit vector of a search query (with the model's query prefix)."""
+        """The unit vector of a search query (with the model's query prefix); the same
+        array for a query asked again lately (callers never write to it)."""
+        vector = self._cached.get(text)
+        if vector is not None:
+            self._cached.move_to_end(text)
+            return vector
         self._start()
         job = _Job([text], asyncio.get_running_loop().create_future())
         self._queries.append(job)
         assert self._query_ready is not None
         self._query_ready.set()
         vectors = await job.future
-        return np.asarray(vectors[0], dtype=np.float32)
+        vector = np.asarray(vectors[0], dtype=np.float32)
+        vector.flags.writeable = False
+        if self._cache_size > 0:
+            self._cached[text] = vector
+            if len(self._cached) > self._cache_size:
+                self._cached.popitem(last=False)
+        return vector
 
     def _empty(self) -> np.ndarray:
         return np.empty((0, self.embedder.dim), dtype=np.float32)

@@ -8,7 +8,7 @@ event for a change that did not happen, nor misses one that did.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calor.server.records import MemoryRecord
@@ -60,7 +60,8 @@ class EventRecord:
 
     def to_json(self) -> bytes:
         """The event as JSON, for the log."""
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
+        # Every field is a JSON value already (the payload a flat dict): no asdict deep copy.
+        return json.dumps(self.__dict__, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> EventRecord:

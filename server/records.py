@@ -7,6 +7,8 @@ Times are float seconds since the Unix epoch (UTC). Heat is stored as ``heat0`` 
 from __future__ import annotations
 
 import json
+import operator
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,7 +22,7 @@ MERGED = "merged"
 DELETED = "deleted"
 
 
-@dataclass
+@dataclass(slots=True)
 class MemoryRecord:
     """One memory: what was stored, and the state its heat is computed from."""
 
@@ -64,17 +66,25 @@ class MemoryRecord:
     def to_json(self) -> bytes:
         """The record as compact UTF-8 JSON."""
         # Every field is a JSON value already (no nested dataclasses): no asdict deep copy.
-        return json.dumps(self.__dict__, separators=(",", ":"), ensure_ascii=False).encode()
+        values = dict(zip(_FIELDS, _values(self), strict=True))
+        return json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode()
 
     def copy(self) -> MemoryRecord:
         """A shallow copy (tags and lists are replaced, never mutated in place)."""
-        clone = object.__new__(MemoryRecord)
-        clone.__dict__.update(self.__dict__)
-        return clone
+        return MemoryRecord(*_values(self))
 
     @classmethod
     def from_json(cls, data: bytes) -> MemoryRecord:
         """A record from :meth:`to_json` output; unknown keys from newer versions are ignored."""
         raw: dict[str, Any] = json.loads(data)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        for name in _SHARED:  # one string for each id and each repeated word in memory
+            value = raw.get(name)
+            if isinstance(value, str):
+                raw[name] = sys.intern(value)
+        return cls(**{k: v for k, v in raw.items() if k in _KNOWN})
+
+
+_FIELDS = tuple(f.name for f in fields(MemoryRecord))
+_KNOWN = frozenset(_FIELDS)
+_SHARED = ("id", "channel", "memory_type", "state", "source", "confidence", "session")
+_values = operator.attrgetter(*_FIELDS)  # every field's value, in declaration order

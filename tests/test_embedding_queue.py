@@ -171,3 +171,22 @@ async def test_a_stream_embedded_in_chunks_matches_the_texts_embedded_alone(
     assert vectors.shape == (50, embedder.dim)
     assert float(cosines.min()) > 0.99
     await queue.close()
+
+
+@synchronously
+async def test_a_repeated_query_is_answered_without_the_model() -> None:
+    model = RecordingEmbedder()
+    queue = EmbeddingQueue(model, query_cache=2)
+    try:
+        first = await queue.query("where-1")
+        again = await queue.query("where-1")
+        assert np.array_equal(first, again) and first[0] == 1.0
+        assert model.calls == [("queries", ["where-1"])]
+        await queue.query("other-2")
+        await queue.query("third-3")  # the cache holds two: "where-1" goes
+        await queue.query("where-1")
+        assert [texts for _, texts in model.calls].count(["where-1"]) == 2
+        with pytest.raises(ValueError):
+            first[0] = 5.0  # shared between callers: nobody may change it
+    finally:
+        await queue.close()

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
+from calor.server.clock import ManualClock
+from calor.server.engine.channel import Channel
 from calor.server.errors import ResourceExhaustedError
 from calor.server.records import MemoryRecord
+from calor.server.storage.ops import AddMemory, ChangeList, PutMemory
 from calor.server.thermo.channel_state import ChannelState, active_gates
 from calor.server.thermo.graph import Graph, Reach, resonance
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, migrate_at, next_change_at
@@ -152,3 +157,20 @@ def test_channel_heat_halves_every_five_minutes_and_gates() -> None:
     state.cool(policy, 0.0)
     assert state.heat(policy, 0.0) == pytest.approx(0.1)
     assert active_gates(policy) == ["heat_ceiling"]
+
+
+def test_a_channel_changed_many_times_keeps_a_bounded_schedule() -> None:
+    """Each change schedules the memory's next state change anew; the outdated moments
+    are dropped before they pile up, and the earliest real one stays."""
+    clock = ManualClock(1_000.0)
+    view = Channel(name="c", dim=4, policy=ChannelPolicy(), clock=clock)
+    kept = record(id="keep", t0=1_000.0, created_at=1_000.0)
+    busy = record(id="busy", t0=1_000.0, created_at=1_000.0)
+    vector = np.ones(4, dtype=np.float32) / 2
+    view.apply(ChangeList("c", [AddMemory(kept, vector), AddMemory(busy, vector)]))
+    for step in range(3_000):
+        hotter = replace(busy, heat0=0.5 + step / 10_000, t0=1_000.0 + step)
+        view.apply(ChangeList("c", [PutMemory(hotter)]))
+    assert len(view.schedule) <= 2 * len(view.records) + 1024
+    for memory in view.records.values():  # every memory's coming change is still there
+        assert (next_change_at(memory, view.policy), memory.id) in view.schedule

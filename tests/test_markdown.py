@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -251,13 +252,11 @@ def test_times_are_written_with_the_digits_their_float_needs() -> None:
         0.1 + 0.2,
         *(rng.uniform(-6e10, 2.5e11) for _ in range(2000)),
     ]:
-        record = MemoryRecord(**{**RECORDS[0].__dict__, "created_at": at, "t0": at})
+        record = replace(RECORDS[0], created_at=at, t0=at)
         (parsed,) = parse_markdown(render_memory(record, 0.5, "active"), channel="c")
         assert parsed.created_at == at
         assert parsed.state is not None and parsed.state.t0 == at
-    section = render_memory(
-        MemoryRecord(**{**RECORDS[0].__dict__, "created_at": 1_795_459_276.4744866}), 0, "cold"
-    )
+    section = render_memory(replace(RECORDS[0], created_at=1_795_459_276.4744866), 0, "cold")
     assert "- created: 2026-11-23T18:41:16.4744866Z\n" in section
 
 
@@ -403,7 +402,7 @@ def test_defaults_are_left_out_and_the_fence_outgrows_the_text() -> None:
     assert "\n``````text\n" in section
     title = section.split("\n", 1)[0]
     assert title == "## a ````` run"
-    long_title = render_memory(MemoryRecord(**{**plain.__dict__, "text": "b" * 90}), 0, "x")
+    long_title = render_memory(replace(plain, text="b" * 90), 0, "x")
     assert long_title.split("\n", 1)[0] == "## " + "b" * 59 + "…"
     (parsed,) = parse_markdown(section, channel="c")
     assert parsed.state == CarriedState(
@@ -412,7 +411,7 @@ def test_defaults_are_left_out_and_the_fence_outgrows_the_text() -> None:
 
 
 def test_the_last_moment_a_timestamp_can_name_still_renders() -> None:
-    record = MemoryRecord(**{**RECORDS[0].__dict__, "created_at": 253_402_300_799.9999999})
+    record = replace(RECORDS[0], created_at=253_402_300_799.9999999)
     assert "- created: 9999-12-31T23:59:59.999999Z\n" in render_memory(record, 0.5, "active")
 
 

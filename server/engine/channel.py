@@ -49,6 +49,9 @@ _LIVE = frozenset({ACTIVE, COLD})
 _UNNAMED = frozenset({DELETED, MERGED})
 # How many change lists back the channel remembers which memories each one touched.
 _TOUCHED_KEPT = 512
+# How many scheduled moments per memory (most of them outdated by later changes) the
+# schedule may hold before it is rebuilt from the records.
+_STALE_SCHEDULE = 2
 
 
 def conflict_pair(a: str, b: str) -> tuple[str, str]:
@@ -268,7 +271,9 @@ class Channel:
                 vector = vector if vector is not None else index.vector(record.id)
                 index.remove(record.id)
         if target is not None and vector is not None:
-            target.add([(record.id, record.text)], vector.reshape(1, -1))
+            target.add([record], vector.reshape(1, -1))
+        elif target is not None:
+            target.refresh(record)
         self._schedule(record)
 
     def _forget(self, tombstone: MemoryRecord) -> None:
@@ -284,7 +289,7 @@ class Channel:
         archived = [(r, v) for r, v in entries if self._index_for(r) is self.attic]
         for target, group in ((self.index, live), (self.attic, archived)):
             if group:
-                target.add([(r.id, r.text) for r, _ in group], np.stack([v for _, v in group]))
+                target.add([r for r, _ in group], np.stack([v for _, v in group]))
 
     def _index_for(self, record: MemoryRecord) -> ChannelIndex | None:
         state = evolve(record, self.policy, self.clocks()).state
@@ -322,16 +327,22 @@ class Channel:
             heapq.heappush(self.schedule, (moment, record.id))
             if earliest and self.on_due is not None:
                 self.on_due(moment, self.name)
+            if len(self.schedule) > _STALE_SCHEDULE * len(self.records) + 1024:
+                self._reschedule()  # each change adds a moment: drop the outdated ones
 
     def _reschedule(self) -> None:
-        """Recompute every scheduled moment (after the channel's policy changed).
+        """Recompute every scheduled moment (after the channel's policy changed, or when
+        outdated moments pile up).
 
         Ranking always reads the evolved state, so results are right at once; the
         indexes catch up as the rescheduled changes fall due.
         """
-        self.schedule = []
-        for record in self.records.values():
-            self._schedule(record)
+        policy = self.policy
+        moments = ((next_change_at(record, policy), record.id) for record in self.records.values())
+        self.schedule = [(moment, memory_id) for moment, memory_id in moments if moment != math.inf]
+        heapq.heapify(self.schedule)
+        if self.schedule and self.on_due is not None:
+            self.on_due(self.schedule[0][0], self.name)
 
     def due_transitions(self) -> list[MemoryRecord]:
         """Records whose state changed by itself since last asked (to persist)."""

@@ -146,12 +146,12 @@ class MemoryEngine:
                 if not query.peek:
                     own.state.check_ceiling(policy, now)
                 self._migrate_due(own)
-                hits.extend(self._rank(own, query, query_vector, window, mine=True))
+                hits.extend(self._rank(own, query, query_vector, window, limit, mine=True))
         for name in query.channels:
             other = self.channels.find(name)
             if other is not None:
                 with other.lock:
-                    hits.extend(self._rank(other, query, query_vector, window, mine=False))
+                    hits.extend(self._rank(other, query, query_vector, window, limit, mine=False))
         hits.sort(key=lambda h: (-h.score, h.record.id))
         hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
         recall_id = ""
@@ -176,15 +176,17 @@ class MemoryEngine:
         query: RecallQuery,
         vector: np.ndarray,
         window: TimeWindow | None,
+        limit: int,
         mine: bool,
     ) -> list[Hit]:
+        """The best ``limit`` hits of the channel's live index, and its attic when asked."""
         policy, clocks = channel.policy, channel.clocks()
         indexes = (channel.index, channel.attic) if query.include_archived else (channel.index,)
-        rank = rank_channel  # over the live index, and the attic when asked
+        records = channel.records
         return [
             h
             for i in indexes
-            for h in rank(i, channel.records, policy, query, vector, window, clocks, mine)
+            for h in rank_channel(i, records, policy, query, vector, window, clocks, mine, limit)
         ]
 
     def _recalled(self, channel: Channel, hits: list[Hit], entry: RecallEntry) -> None:
@@ -522,6 +524,7 @@ class MemoryEngine:
             self._cards.refresh(live)  # so the channel's cached cards go
         for owner in self.owners:
             owner.dropped(channel)
+        self.recall_log.forget(channel)
         return held
 
     def purge(self) -> int:

@@ -7,10 +7,20 @@ Computed on copies, without writing: the engine persists the outcome in one batc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from calor.server.engine.channel import Channel
+from calor.server.recall.columns import (
+    ACTIVE_CODE,
+    ARCHIVED_CODE,
+    COLD_CODE,
+    heats_and_states,
+    needs_record,
+)
+from calor.server.recall.index import ChannelIndex
 from calor.server.recall.ranking import Hit, reaches
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.channel_state import ChannelState
@@ -28,6 +38,7 @@ from calor.server.thermo.policy import ChannelPolicy
 __all__ = ["RecallEffects", "heated", "recall_effects"]
 
 _LIVE = frozenset({ACTIVE, COLD})
+_REACHABLE = frozenset({ACTIVE_CODE, COLD_CODE, ARCHIVED_CODE})
 _NEAR_CAP = 1.0 - 1e-4
 
 
@@ -60,23 +71,58 @@ def recall_effects(
         refresh_utility(record, clocks.now)
         changed[record.id] = record
 
-    reached: dict[str, Reach | None] = {}
-
-    def reach(memory_id: str) -> Reach | None:
-        if memory_id not in reached:  # many sources share neighbours: judge each once
-            reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
-        return reached[memory_id]
-
     recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
-    for memory_id, gain in resonance(channel.graph, recalled, reach, policy).items():
-        record = evolve(channel.records[memory_id].copy(), policy, clocks)
-        if record.state in _LIVE and current_heat(record, policy, clocks) >= _NEAR_CAP:
+    # Every memory resonance could reach, judged once and in bulk: many sources share
+    # neighbours, and a recall's neighbourhood runs to hundreds of memories.
+    around = channel.graph.within(recalled, policy.resonance_depth)
+    reached = _reaches(channel, around, policy, clocks)
+    for memory_id, gain in resonance(channel.graph, recalled, reached.get, policy).items():
+        found = reached[memory_id]
+        if found is not None and not found.archived and found.heat >= _NEAR_CAP:
             continue  # already at the cap: the gain would change nothing worth a write
+        record = evolve(channel.records[memory_id].copy(), policy, clocks)
         apply_gain(record, policy, clocks, gain)
         changed[memory_id] = record
     state = replace(channel.state, interactions=clocks.interactions)
     state.recalled(policy, clocks.now)
     return RecallEffects(list(recalled), changed, state)
+
+
+def _reaches(
+    channel: Channel, memory_ids: Iterable[str], policy: ChannelPolicy, clocks: Clocks
+) -> dict[str, Reach | None]:
+    """What resonance needs of each memory (:func:`_reach`), read from the columns of the
+    index that holds it; memories the columns do not cover are judged from their record."""
+    reached: dict[str, Reach | None] = {}
+    held: dict[ChannelIndex, tuple[list[str], list[int]]] = {
+        channel.index: ([], []),
+        channel.attic: ([], []),
+    }
+    for memory_id in memory_ids:
+        for index, (ids, labels) in held.items():
+            label = index.label(memory_id)
+            if label is not None:
+                ids.append(memory_id)
+                labels.append(label)
+                break
+        else:
+            reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
+    for index, (ids, labels) in held.items():
+        if not ids:
+            continue
+        batch = index.columns.batch(np.array(labels, dtype=np.int64))
+        heats, states = heats_and_states(batch, policy, clocks)
+        odd, superseded = needs_record(batch).tolist(), batch.superseded.tolist()
+        for memory_id, heat, state, by_record, settled in zip(
+            ids, heats.tolist(), states.tolist(), odd, superseded, strict=True
+        ):
+            if by_record:
+                reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
+            elif settled or state not in _REACHABLE:
+                reached[memory_id] = None
+            else:
+                reached[memory_id] = Reach(heat, archived=state == ARCHIVED_CODE)
+    return reached
 
 
 def _reach(record: MemoryRecord | None, policy: ChannelPolicy, clocks: Clocks) -> Reach | None:

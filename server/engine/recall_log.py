@@ -213,6 +213,14 @@ class RecallLog:
 
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
+        self._start: dict[str, str] = {}
+        """Per channel, a recall id at or before its oldest logged recall: the log is read
+        for entries to drop only when that is past retention (or the log is full), and
+        from there, not over the dropped entries' tombstones."""
+
+    def forget(self, channel: str) -> None:
+        """A channel was dropped: what is known of its log goes too."""
+        self._start.pop(channel, None)
 
     def entry(self, channel: str, recall_id: str) -> RecallEntry | None:
         """One logged recall, or None (never logged, or dropped by retention)."""
@@ -226,12 +234,20 @@ class RecallLog:
         count = (json.loads(saved)["entries"] if saved is not None else 0) + 1
         ops: list[PutKey | DeleteKey] = [log_entry(channel, entry)]
         cutoff = entry.at - RETENTION_SECONDS
-        for old in self._store.oldest_recall_ids(channel, TRIM_PER_ENTRY):
-            if count <= MAX_ENTRIES and id_seconds(old) >= cutoff:
-                break
-            ops.append(DeleteKey(Keys.recall(channel, old)))
-            ops.append(DeleteKey(Keys.feedback(channel, old)))
-            count -= 1
+        start = self._start.get(channel)
+        if count > MAX_ENTRIES or start is None or id_seconds(start) < cutoff:
+            found = self._store.oldest_recall_ids(channel, TRIM_PER_ENTRY, start or "")
+            kept = None
+            for old in found:
+                if count <= MAX_ENTRIES and id_seconds(old) >= cutoff:
+                    kept = old
+                    break
+                ops.append(DeleteKey(Keys.recall(channel, old)))
+                ops.append(DeleteKey(Keys.feedback(channel, old)))
+                count -= 1
+            if kept is None and len(found) < TRIM_PER_ENTRY:
+                kept = entry.recall_id  # everything older went: the new entry is the oldest
+            self._start[channel] = kept or found[-1]
         tally = json.dumps({"entries": count}).encode()
         ops.append(PutKey(Keys.recall_tally(channel), tally))
         return ops

@@ -11,7 +11,9 @@ from collections.abc import Iterable, Sequence
 import faiss
 import numpy as np
 
+from calor.server.recall.columns import RecordColumns
 from calor.server.recall.lexical import LexicalIndex
+from calor.server.records import MemoryRecord
 
 __all__ = ["ChannelIndex", "ScratchIndex"]
 
@@ -22,7 +24,8 @@ faiss.omp_set_num_threads(1)
 
 
 class ChannelIndex:
-    """The searchable memories of one channel: a FAISS inner-product index and a BM25 index.
+    """The searchable memories of one channel: a FAISS inner-product index, a BM25 index,
+    and the columns of stored fields recall scores with (``columns``, by label).
 
     Not thread-safe: the caller holds the channel's lock around every call.
     """
@@ -31,6 +34,7 @@ class ChannelIndex:
         self.dim = dim
         self._vectors = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         self.lexical = LexicalIndex()
+        self.columns = RecordColumns()
         self._label_of: dict[str, int] = {}
         self._id_of: dict[int, str] = {}
         self._next_label = 0
@@ -41,21 +45,32 @@ class ChannelIndex:
     def __contains__(self, memory_id: object) -> bool:
         return memory_id in self._label_of
 
-    def add(self, items: Sequence[tuple[str, str]], vectors: np.ndarray) -> None:
-        """Index memories given as (id, text) with their unit-norm embeddings (one row each)."""
-        if not items:
+    def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> None:
+        """Index memories with their unit-norm embeddings (one row each)."""
+        if not records:
             return
-        for memory_id, _ in items:
-            if memory_id in self._label_of:
-                self.remove(memory_id)
-        labels = np.arange(self._next_label, self._next_label + len(items), dtype=np.int64)
-        self._next_label += len(items)
-        matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(items), self.dim)
+        for record in records:
+            if record.id in self._label_of:
+                self.remove(record.id)
+        labels = np.arange(self._next_label, self._next_label + len(records), dtype=np.int64)
+        self._next_label += len(records)
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(records), self.dim)
         self._vectors.add_with_ids(matrix, labels)
-        for label, (memory_id, text) in zip(labels.tolist(), items, strict=True):
-            self._label_of[memory_id] = label
-            self._id_of[label] = memory_id
-            self.lexical.add(label, text)
+        for label, record in zip(labels.tolist(), records, strict=True):
+            self._label_of[record.id] = label
+            self._id_of[label] = record.id
+            self.lexical.add(label, record.text)
+            self.columns.set(label, record)
+
+    def refresh(self, record: MemoryRecord) -> None:
+        """Take an indexed memory's changed fields (heat, state, ...) into the columns."""
+        label = self._label_of.get(record.id)
+        if label is not None:
+            self.columns.set(label, record)
+
+    def label(self, memory_id: str) -> int | None:
+        """The label of an indexed memory."""
+        return self._label_of.get(memory_id)
 
     def remove(self, memory_id: str) -> bool:
         """Take a memory out of both indexes; False if it was not there."""

@@ -6,7 +6,7 @@ import heapq
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import lru_cache
 
 from calor.server.errors import InvalidArgumentError
@@ -174,7 +174,7 @@ class LexicalIndex:
             if not postings:
                 del self._postings[term]
 
-    def overlap(self, query_terms: Sequence[str], doc_id: int) -> float:
+    def overlap(self, query_terms: Collection[str], doc_id: int) -> float:
         """The fraction of distinct query terms the document holds (0 if it is not indexed).
 
         The same measure as :func:`keyword_overlap`, read from the index instead of

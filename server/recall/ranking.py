@@ -19,15 +19,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
+import numpy.typing as npt
 
 from calor.server.commands import RecallQuery
+from calor.server.recall.columns import (
+    SOURCES,
+    Batch,
+    heats_and_states,
+    needs_record,
+    state_code,
+    type_code,
+)
 from calor.server.recall.index import ChannelIndex
 from calor.server.recall.lexical import tokenize
 from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.gates import fidelity_admits
 from calor.server.thermo.heat import SOURCE_TRUST
-from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
+from calor.server.thermo.lifecycle import DAY, Clocks, current_heat, evolve
 from calor.server.thermo.policy import BANDS, ChannelPolicy, ConfidenceBands
 
 __all__ = ["Hit", "band", "candidate_pool", "rank_channel", "reaches", "recall_window"]
@@ -128,51 +137,208 @@ def rank_channel(
     window: TimeWindow | None,
     clocks: Clocks,
     own: bool,
+    top: int | None = None,
+    bulk: bool = True,
 ) -> list[Hit]:
     """Score one index's candidates for the query; unsorted, filters applied.
 
     Each hit carries the record as it stands now (promotions and state changes
-    applied, not yet persisted).
+    applied, not yet persisted). ``top``: only the best ``top`` hits (by score, then
+    id) are returned; None returns every candidate that passes. Candidates are scored
+    in bulk from the index's columns; ``bulk=False`` scores each from its record with
+    the same formula (what the bulk path is checked against), as the few the columns
+    do not cover always are.
     """
-    pool = candidate_pool(query)
-    similarity, lexical = _candidates(index, query.query, query_vector, pool)
-    terms = tokenize(query.query)
-    weights = policy.weights
-    trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
-    bonus = weights.own_channel if own else 0.0
-    hits: list[Hit] = []
-    for label, sim in similarity.items():
-        words = lexical[label]
+    similarity, lexical = _candidates(index, query.query, query_vector, candidate_pool(query))
+    if not similarity:
+        return []
+    terms = frozenset(tokenize(query.query))
+    scoring = _Scoring(query, policy, window, clocks, own, terms)
+    labels = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
+    batch = index.columns.batch(labels)
+    by_record = needs_record(batch) | (not bulk) | bool(query.tags)
+    hits = [
+        hit
+        for label in labels[by_record].tolist()
+        if (hit := scoring.one(index, records, label, similarity[label], lexical[label]))
+    ]
+    quick = ~by_record
+    if quick.any():
+        hits += scoring.bulk(index, records, labels[quick], batch, quick, similarity, lexical, top)
+    if top is not None and len(hits) > top:
+        hits.sort(key=lambda h: (-h.score, h.record.id))
+        del hits[top:]
+    return hits
+
+
+class _Scoring:
+    """One query's scoring of one channel's candidates (the formula in this module's
+    docstring), per record or in bulk."""
+
+    def __init__(
+        self,
+        query: RecallQuery,
+        policy: ChannelPolicy,
+        window: TimeWindow | None,
+        clocks: Clocks,
+        own: bool,
+        terms: frozenset[str],
+    ) -> None:
+        self.query, self.policy, self.window, self.clocks = query, policy, window, clocks
+        self.terms = terms
+        self.weights = policy.weights
+        self.trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
+        self.bonus = self.weights.own_channel if own else 0.0
+
+    def _keyword(self, index: ChannelIndex, label: int) -> float:
+        return index.lexical.overlap(self.terms, label) if self.terms else 0.0
+
+    def one(
+        self,
+        index: ChannelIndex,
+        records: Mapping[str, MemoryRecord],
+        label: int,
+        sim: float,
+        words: float,
+    ) -> Hit | None:
+        """The hit of one candidate, scored from its record; None if it is filtered out."""
+        policy, weights, clocks, query = self.policy, self.weights, self.clocks, self.query
         record = evolve(records[index.memory_id(label)], policy, clocks)
         heat = current_heat(record, policy, clocks)
         if not _passes(record, heat, query, policy):
-            continue
-        keyword = index.lexical.overlap(terms, label)
+            return None
+        keyword = self._keyword(index, label)
         boost = 0.0
-        if window is not None:
+        if self.window is not None:
             boost = temporal_boost(
                 datetime.fromtimestamp(record.created_at, UTC),
-                window,
+                self.window,
                 weights.temporal,
                 weights.temporal_fade_days,
             )
         relevance = sim + weights.lexical * words
-        trust = weights.source * trust_of.get(record.source, SOURCE_TRUST["agent"])
+        trust = weights.source * self.trust_of.get(record.source, SOURCE_TRUST["agent"])
         score = (
             weights.similarity * relevance
             + weights.heat * heat
             + weights.keyword * keyword
             + boost
-            + bonus
+            + self.bonus
             + trust
         )
         if record.superseded:
             score *= _SUPERSEDED
         confidence = band(sim, keyword, policy.bands)
         if not reaches(confidence, query.min_band):
-            continue
-        hits.append(Hit(record, score, sim, keyword, boost, heat, bonus, words, trust, confidence))
-    return hits
+            return None
+        return Hit(record, score, sim, keyword, boost, heat, self.bonus, words, trust, confidence)
+
+    def bulk(
+        self,
+        index: ChannelIndex,
+        records: Mapping[str, MemoryRecord],
+        labels: npt.NDArray[np.int64],
+        whole: Batch,
+        rows: npt.NDArray[np.bool_],
+        similarity: Mapping[int, float],
+        lexical: Mapping[int, float],
+        top: int | None,
+    ) -> list[Hit]:
+        """The hits of many candidates, scored from the index's columns (``whole``'s
+        ``rows``); only the best ``top`` become hits."""
+        policy, weights, query = self.policy, self.weights, self.query
+        batch = whole.select(rows)
+        listed = labels.tolist()
+        sims = np.array([similarity[label] for label in listed])
+        words = np.array([lexical[label] for label in listed])
+        keyword = np.array([self._keyword(index, label) for label in listed])
+        heat, state = heats_and_states(batch, policy, self.clocks)
+        keep = self._passes(batch, heat, state)
+        boost = self._boosts(batch.created_at)
+        trust = weights.source * self._trust[batch.source]
+        score = (
+            weights.similarity * (sims + weights.lexical * words)
+            + weights.heat * heat
+            + weights.keyword * keyword
+            + boost
+            + self.bonus
+            + trust
+        )
+        score = np.where(batch.superseded, score * _SUPERSEDED, score)
+        bands = self._bands(sims, keyword)
+        if query.min_band:
+            keep &= bands >= BANDS.index(query.min_band)
+        chosen = np.flatnonzero(keep)
+        if top is not None and chosen.size > top:
+            cut = np.partition(score[chosen], chosen.size - top)[chosen.size - top]
+            chosen = chosen[score[chosen] >= cut]  # ties at the cut stay: ids decide later
+        hits = []
+        for row in chosen.tolist():
+            record = evolve(records[index.memory_id(listed[row])], policy, self.clocks)
+            hits.append(
+                Hit(
+                    record,
+                    float(score[row]),
+                    float(sims[row]),
+                    float(keyword[row]),
+                    float(boost[row]),
+                    float(heat[row]),
+                    self.bonus,
+                    float(words[row]),
+                    float(trust[row]),
+                    BANDS[int(bands[row])],
+                )
+            )
+        return hits
+
+    @property
+    def _trust(self) -> npt.NDArray[np.float64]:
+        unknown = SOURCE_TRUST["agent"]
+        return np.array([self.trust_of.get(name, unknown) for name in SOURCES])
+
+    def _passes(
+        self, batch: Batch, heat: npt.NDArray[np.float64], state: npt.NDArray[np.int8]
+    ) -> npt.NDArray[np.bool_]:
+        """:func:`_passes` in bulk (the tags filter is always judged per record)."""
+        query, policy = self.query, self.policy
+        allowed = query.states or (_ARCHIVE_TOO if query.include_archived else _SEARCHABLE)
+        codes = [state_code(name) for name in allowed & _ARCHIVE_TOO]
+        keep = np.isin(state, codes)
+        if not query.states:
+            keep &= ~batch.superseded
+        if query.memory_types:
+            keep &= np.isin(batch.memory_type, [type_code(t) for t in query.memory_types])
+        keep &= heat >= query.min_heat
+        if policy.gate_fidelity:
+            keep &= heat >= policy.survival_gate
+        return keep
+
+    def _boosts(self, created_at: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """:func:`temporal_boost` of each creation time, in bulk."""
+        window, weights = self.window, self.weights
+        if window is None:
+            return np.zeros(created_at.shape[0])
+        start, end = window.start.timestamp(), window.end.timestamp()
+        distance = np.where(created_at < start, start - created_at, created_at - end) / DAY
+        fading = (
+            weights.temporal * (1.0 - distance / weights.temporal_fade_days)
+            if weights.temporal_fade_days > 0
+            else np.zeros_like(distance)
+        )
+        outside = np.where(distance >= weights.temporal_fade_days, 0.0, fading)
+        return np.where((created_at >= start) & (created_at <= end), weights.temporal, outside)
+
+    def _bands(
+        self, sims: npt.NDArray[np.float64], keyword: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.int64]:
+        """:func:`band` in bulk, as indexes into ``BANDS``."""
+        bands = self.policy.bands
+        mid = (sims >= bands.mid) | (
+            (sims >= bands.keyword_similarity) & (keyword >= bands.keyword_overlap)
+        )
+        return np.where(
+            sims >= bands.high, BANDS.index("high"), np.where(mid, BANDS.index("mid"), 0)
+        )
 
 
 def _candidates(

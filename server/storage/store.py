@@ -535,12 +535,13 @@ class MemoryStore:
         """One logged recall's JSON, or None."""
         return self.get(Keys.recall(channel, recall_id))
 
-    def oldest_recall_ids(self, channel: str, limit: int) -> list[str]:
-        """The ids of a channel's oldest logged recalls, oldest first, at most ``limit``."""
+    def oldest_recall_ids(self, channel: str, limit: int, start: str = "") -> list[str]:
+        """The ids of a channel's oldest logged recalls from ``start`` on, oldest first,
+        at most ``limit``."""
         self._check_open()
         prefix = Keys.recall(channel, "")
         found: list[str] = []
-        for key in self._db.keys(from_key=prefix):
+        for key in self._db.keys(from_key=Keys.recall(channel, start)):
             raw_key = cast(bytes, key)
             if len(found) >= limit or not raw_key.startswith(prefix):
                 break

@@ -6,6 +6,7 @@ RocksDB once (see ``store.py``). A pair may be linked by several kinds at once.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -33,14 +34,21 @@ class Graph:
     """
 
     def __init__(self) -> None:
+        # A pair's kinds table is one object under both ends.
         self._adjacent: dict[str, dict[str, dict[str, float]]] = {}
 
     def add(self, a: str, b: str, kind: str, weight: float) -> Edge:
         """Link two memories (a second link of the same kind keeps the larger weight)."""
-        for here, there in ((a, b), (b, a)):
-            kinds = self._adjacent.setdefault(here, {}).setdefault(there, {})
-            kinds[kind] = max(weight, kinds.get(kind, weight))
-        return Edge(a, b, kind, self._adjacent[a][b][kind])
+        # Both ends share one kinds table and one copy of each id (edges are read back
+        # from keys, each a fresh string): a channel holds several edges per memory.
+        a, b = sys.intern(a), sys.intern(b)
+        kinds = self._adjacent.get(a, {}).get(b)
+        if kinds is None:
+            kinds = {}
+            self._adjacent.setdefault(a, {})[b] = kinds
+            self._adjacent.setdefault(b, {})[a] = kinds
+        kinds[kind] = max(weight, kinds.get(kind, weight))
+        return Edge(a, b, kind, kinds[kind])
 
     def remove(self, memory_id: str) -> list[Edge]:
         """Drop a memory and every edge touching it; returns the edges dropped."""
@@ -72,6 +80,21 @@ class Graph:
     def neighbours(self, memory_id: str) -> Iterable[str]:
         """The memories linked to this one."""
         return self._adjacent.get(memory_id, {}).keys()
+
+    def within(self, sources: Iterable[str], hops: int) -> set[str]:
+        """The memories at most ``hops`` links away from any of the sources (sources
+        excluded)."""
+        seen = set(sources)
+        frontier = list(seen)
+        for _ in range(hops):
+            step: list[str] = []
+            for node in frontier:
+                for other in self._adjacent.get(node, {}):
+                    if other not in seen:
+                        seen.add(other)
+                        step.append(other)
+            frontier = step
+        return seen.difference(sources)
 
     def edges(self, memory_id: str) -> list[Edge]:
         """Every edge of a memory, as seen from it, in a stable order."""
