@@ -169,6 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
         "log_format": args.log_format,
         "auth_file": args.auth_file,
         "purge_delay_seconds": args.purge_delay,
+        "approximate_above": args.approximate_above,
         **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -442,6 +443,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how soon after a forget or a dropped channel RocksDB is made to drop the "
         "forgotten bytes from disk (default 1)",
+    )
+    serve.add_argument(
+        "--approximate-above",
+        type=int,
+        metavar="MEMORIES",
+        help="memories past which a channel is searched through an HNSW graph built in "
+        "the background, not exactly (default 20000)",
     )
     serve.add_argument(
         "--tls-client-ca",

@@ -227,7 +227,12 @@ class CalorServer:
         self._purger = Purger(store, self.config.purge_delay_seconds)
         self._purger.start()  # forgotten bytes leave the disk soon after each forget
         engine = await loop.run_in_executor(
-            None, MemoryEngine.open, store, self.clock, ChannelPolicy()
+            None,
+            MemoryEngine.open,
+            store,
+            self.clock,
+            ChannelPolicy(),
+            self.config.approximate_above,
         )
         engine.background = self.runtime.executor.submit
         settle()  # the channels just loaded live until forgotten: out of the collector's view

@@ -23,6 +23,7 @@ from calor.server.engine.ingest import Neighbourhood
 from calor.server.engine.results import Current
 from calor.server.engine.states import RecordTable, states_now
 from calor.server.recall.index import ChannelIndex
+from calor.server.recall.vectors import APPROXIMATE_ABOVE
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
 from calor.server.storage.ops import (
     AddMemory,
@@ -73,7 +74,9 @@ class Channel:
     memory into a Context block that did not show it (a store, a re-embedded text, a
     memory back in the live index, new settings): a reused block is stale once it moves.
     :meth:`touched_since` names the memories the latest change lists touched.
-    ``on_due`` hears of each moment that becomes the earliest of ``schedule``.
+    ``on_due`` hears of each moment that becomes the earliest of ``schedule``, and
+    ``on_large`` of an index that grew past ``approximate_above`` memories (see
+    :mod:`calor.server.engine.graphs`).
     ``dropped`` is set once the channel is dropped: the view takes no more changes.
     """
 
@@ -95,12 +98,14 @@ class Channel:
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
     dropped: bool = False
     on_due: Callable[[float, str], None] | None = None
+    on_large: Callable[[Channel], None] | None = None
+    approximate_above: int = APPROXIMATE_ABOVE
     _ids: list[str] = field(default_factory=list)
     _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
 
     def __post_init__(self) -> None:
-        self.index = ChannelIndex(self.dim)
-        self.attic = ChannelIndex(self.dim)
+        self.index = ChannelIndex(self.dim, self.approximate_above)
+        self.attic = ChannelIndex(self.dim, self.approximate_above)
 
     # --- reading -----------------------------------------------------------------
 
@@ -173,6 +178,7 @@ class Channel:
         for record, _ in entries:
             self._schedule(record)
         self._index_new(list(entries))
+        self._note_size()
 
     # --- the one way the view changes --------------------------------------------
 
@@ -210,7 +216,14 @@ class Channel:
         self._index_new(new)
         self._touched.append(tuple(touched))
         self._note_owed_sweep()
+        self._note_size()
         self.revision += 1
+
+    def _note_size(self) -> None:
+        """An index grew past exact search (or holds too many tombstones): ask for a graph."""
+        wants = self.index.vectors.wants_graph() or self.attic.vectors.wants_graph()
+        if wants and self.on_large is not None:
+            self.on_large(self)
 
     def _note_owed_sweep(self) -> None:
         """Enough memories turned (or arrived) cold for a sweep: it is due now."""
@@ -223,8 +236,8 @@ class Channel:
         self.dropped = True
         self.records.clear()
         self._ids.clear()
-        self.index = ChannelIndex(self.dim)
-        self.attic = ChannelIndex(self.dim)
+        self.index = ChannelIndex(self.dim, self.approximate_above)
+        self.attic = ChannelIndex(self.dim, self.approximate_above)
         self.graph = Graph()
         self.entity_members.clear()
         self.last_in_session.clear()

@@ -17,6 +17,7 @@ import numpy as np
 
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
+from calor.server.config import APPROXIMATE_ABOVE
 from calor.server.engine.cards import EntityCard, EntityCards
 from calor.server.engine.changes import Bookkeeping, changing, forgotten_with
 from calor.server.engine.channel import Channel
@@ -79,10 +80,16 @@ class ChannelOwner(Protocol):
 class MemoryEngine:
     """Every channel's memories, backed by a :class:`MemoryStore`."""
 
-    def __init__(self, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        clock: Clock,
+        policy: ChannelPolicy,
+        approximate_above: int = APPROXIMATE_ABOVE,
+    ) -> None:
         self._store = store
         self._clock = clock
-        self.channels = ChannelRegistry(store, clock, policy)
+        self.channels = ChannelRegistry(store, clock, policy, approximate_above)
         """Every channel's live view, and the reads over them (listing, status, ...)."""
         self._cards = EntityCards()
         self._contexts = ContextBuilder(self._cards)
@@ -100,9 +107,16 @@ class MemoryEngine:
         """Told of every dream once it ran: its report, and whether it was a sweep."""
 
     @classmethod
-    def open(cls, store: MemoryStore, clock: Clock, policy: ChannelPolicy) -> MemoryEngine:
-        """An engine whose views are rebuilt from everything ``store`` holds."""
-        engine = cls(store, clock, policy)
+    def open(
+        cls,
+        store: MemoryStore,
+        clock: Clock,
+        policy: ChannelPolicy,
+        approximate_above: int = APPROXIMATE_ABOVE,
+    ) -> MemoryEngine:
+        """An engine whose views are rebuilt from everything ``store`` holds; channels
+        past ``approximate_above`` memories get an HNSW graph, built in the background."""
+        engine = cls(store, clock, policy, approximate_above)
         engine.channels.rebuild()
         return engine
 

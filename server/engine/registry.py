@@ -14,8 +14,10 @@ from calor.server.commands import ListQuery
 from calor.server.engine.changes import Changes, changing, commit
 from calor.server.engine.channel import Channel
 from calor.server.engine.due import DueChannels
+from calor.server.engine.graphs import GraphBuilds
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.errors import NotFoundError
+from calor.server.recall.vectors import APPROXIMATE_ABOVE
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.ops import ChangeList, Link, OpenConflict, Operation, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
@@ -29,8 +31,15 @@ __all__ = ["ChannelRegistry"]
 class ChannelRegistry:
     """Every channel's live view; channels come into being on first write."""
 
-    def __init__(self, store: MemoryStore, clock: Clock, default_policy: ChannelPolicy) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        clock: Clock,
+        default_policy: ChannelPolicy,
+        approximate_above: int = APPROXIMATE_ABOVE,
+    ) -> None:
         self._store = store
+        self._approximate_above = approximate_above
         self._clock = clock
         self._default_policy = default_policy
         self._channels: dict[str, Channel] = {}
@@ -41,6 +50,8 @@ class ChannelRegistry:
         self._retired: dict[str, tuple[int, int]] = {}
         self.due = DueChannels()
         """The next moment something falls due by itself, per channel."""
+        self.graphs = GraphBuilds()
+        """The HNSW graphs of large channels, built in the background."""
 
     def rebuild(self) -> None:
         """Load policies, channel states, records, edges, conflicts and embeddings."""
@@ -83,8 +94,15 @@ class ChannelRegistry:
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
-                channel = Channel(name, self._store.dim, self._default_policy, self._clock)
+                channel = Channel(
+                    name,
+                    self._store.dim,
+                    self._default_policy,
+                    self._clock,
+                    approximate_above=self._approximate_above,
+                )
                 channel.on_due = self.due.note
+                channel.on_large = self.graphs.note
                 channel.revision, channel.arrivals = self._retired.get(name, (0, 0))
                 self._channels[name] = channel
             return channel

@@ -13,6 +13,7 @@ import numpy as np
 
 from calor.server.recall.columns import RecordColumns
 from calor.server.recall.lexical import LexicalIndex
+from calor.server.recall.vectors import APPROXIMATE_ABOVE, VectorIndex
 from calor.server.records import MemoryRecord
 
 __all__ = ["ChannelIndex", "ScratchIndex"]
@@ -30,9 +31,10 @@ class ChannelIndex:
     Not thread-safe: the caller holds the channel's lock around every call.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, approximate_above: int = APPROXIMATE_ABOVE) -> None:
         self.dim = dim
-        self._vectors = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self.vectors = VectorIndex(dim, approximate_above)
+        """The embeddings (exact search, or an HNSW graph once the channel is large)."""
         self.lexical = LexicalIndex()
         self.columns = RecordColumns()
         self._label_of: dict[str, int] = {}
@@ -55,7 +57,7 @@ class ChannelIndex:
         labels = np.arange(self._next_label, self._next_label + len(records), dtype=np.int64)
         self._next_label += len(records)
         matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(records), self.dim)
-        self._vectors.add_with_ids(matrix, labels)
+        self.vectors.add(labels, matrix)
         for label, record in zip(labels.tolist(), records, strict=True):
             self._label_of[record.id] = label
             self._id_of[label] = record.id
@@ -78,7 +80,7 @@ class ChannelIndex:
         if label is None:
             return False
         del self._id_of[label]
-        self._vectors.remove_ids(np.array([label], dtype=np.int64))  # type: ignore[arg-type]
+        self.vectors.remove(label)
         self.lexical.remove(label)
         return True
 
@@ -88,33 +90,25 @@ class ChannelIndex:
 
     def dense(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest memories by cosine: (labels, similarities), best first."""
-        k = min(k, len(self._label_of))
-        if k <= 0:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-        sims, labels = self._vectors.search(query.reshape(1, self.dim).astype(np.float32), k)
+        sims, labels = self.vectors.search(query.reshape(1, self.dim).astype(np.float32), k)
         keep = labels[0] >= 0
         return labels[0][keep], sims[0][keep]
 
     def search_many(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest memories of each query row: (similarities, labels); label -1 pads."""
-        rows = queries.shape[0]
-        k = min(k, len(self._label_of))
-        if k <= 0 or rows == 0:
-            return np.empty((rows, 0), dtype=np.float32), np.empty((rows, 0), dtype=np.int64)
-        sims, labels = self._vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        return sims, labels
+        return self.vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
 
     def vector(self, memory_id: str) -> np.ndarray | None:
         """The indexed embedding of a memory."""
         label = self._label_of.get(memory_id)
-        return None if label is None else self._vectors.reconstruct(label)
+        return None if label is None else self.vectors.reconstruct(label)
 
     def similarities(self, query: np.ndarray, labels: Iterable[int]) -> np.ndarray:
         """Cosine of the query with each labelled memory's embedding."""
         label_array = np.fromiter(labels, dtype=np.int64)
         if label_array.size == 0:
             return np.empty(0, dtype=np.float32)
-        matrix = self._vectors.reconstruct_batch(label_array)
+        matrix = self.vectors.reconstruct_batch(label_array)
         return np.asarray(matrix @ query.astype(np.float32), dtype=np.float32)
 
 
