@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -93,6 +94,8 @@ class CalorServer:
         self._loading: asyncio.Task[None] | None = None
         self._triggers: TriggerEngine | None = None
         self._due: DueTimer | None = None
+        self._warming: threading.Thread | None = None
+        self._stop_warming = threading.Event()
         self._access = AccessControl(None)
         self.limits = LimitsInterceptor(
             rate=self.config.rate_per_key,
@@ -259,6 +262,24 @@ class CalorServer:
         log.info(
             "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir
         )
+        self._warming = threading.Thread(
+            target=self._warm_up, args=(engine,), name="calor-warm", daemon=True
+        )
+        self._warming.start()
+
+    def _warm_up(self, engine: MemoryEngine) -> None:
+        """Load the channels no call has asked for yet, after SERVING: a call for one
+        loads it at once; this makes decay and its events happen on time everywhere."""
+        waiting = engine.channels.unloaded()
+        try:
+            engine.channels.load_all(self._stop_warming)
+        except Exception:
+            if not self._stop_warming.is_set():
+                log.exception("loading the channels in the background failed")
+            return
+        if waiting and not self._stop_warming.is_set():
+            settle()  # the channels just loaded live until forgotten
+            log.info("all %d stored channels loaded", waiting)
 
     def _observe(self, engine: MemoryEngine, store: MemoryStore, triggers: TriggerEngine) -> None:
         """Let the metrics hear of model runs and dreams, and read what the server holds."""
@@ -295,6 +316,9 @@ class CalorServer:
             self._loading.cancel()
         if self._triggers is not None:
             await self._triggers.stop()  # subscriptions end with a status naming their resume point
+        self._stop_warming.set()
+        if self._warming is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._warming.join)
         if self._due is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._due.stop)
         if self._server is not None:

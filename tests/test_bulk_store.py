@@ -47,9 +47,9 @@ def test_a_bulk_store_cut_short_before_its_records_leaves_nothing_behind(
     reopened = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
     again = MemoryEngine.open(reopened, SystemClock(), ChannelPolicy())
     assert list(reopened.records(CHANNEL)) == []
-    assert vector_keys(reopened) == []  # dropped at start: their records never came
     query = RecallQuery(channel=CHANNEL, query="oak planks", limit=5, peek=True)
     assert again.recall(query, embedder.embed_query("oak planks")).hits == []
+    assert vector_keys(reopened) == []  # dropped once the channel loads: no records came
     stored = again.store(items, vectors)
     assert len(stored) == len(items)
     assert sorted(vector_keys(reopened)) == sorted(s.record.id for s in stored)

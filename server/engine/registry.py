@@ -19,7 +19,7 @@ from calor.server.engine.results import ChannelStatus, Current
 from calor.server.errors import NotFoundError
 from calor.server.recall.vectors import APPROXIMATE_ABOVE
 from calor.server.records import DELETED, MemoryRecord
-from calor.server.storage.ops import ChangeList, Link, OpenConflict, Operation, SetPolicy, SetState
+from calor.server.storage.ops import ChangeList, Link, OpenConflict, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.lifecycle import crossing_at, current_heat
@@ -43,6 +43,8 @@ class ChannelRegistry:
         self._clock = clock
         self._default_policy = default_policy
         self._channels: dict[str, Channel] = {}
+        self._stored: set[str] = set()  # held by the store, not loaded yet
+        self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         # Dropped channels' last (revision, arrivals): a view made again under the same
         # name counts on from there, so nothing derived from the dropped one (an entity
@@ -54,82 +56,131 @@ class ChannelRegistry:
         """The HNSW graphs of large channels, built in the background."""
 
     def rebuild(self) -> None:
-        """Load policies, channel states, records, edges, conflicts and embeddings."""
-        said: dict[str, ChangeList] = {}  # what the store holds, said as operations
+        """Learn which channels the store holds; each is loaded when first asked for
+        (:meth:`find`, :meth:`channel`) or by :meth:`load_all`, so start-up does not
+        grow with the number of channels."""
+        names = self._store.channel_names()
+        with self._lock:
+            self._stored = names - set(self._channels)
 
-        def say(name: str, op: Operation) -> None:
-            said.setdefault(name, ChangeList(name)).ops.append(op)
+    def unloaded(self) -> int:
+        """How many stored channels are not loaded yet."""
+        with self._lock:
+            return len(self._stored)
 
-        for name, data in self._store.policies():
-            say(name, SetPolicy(ChannelPolicy.from_json(data)))
-        for name, data in self._store.channel_states():
-            say(name, SetState(ChannelState.from_json(data)))
-        for name, change in said.items():
-            self.channel(name).apply(change)
-        said.clear()
-        for record in self._store.records():
-            self.channel(record.channel).remember(record)
-        for name, a, b, kind, weight in self._store.edges():
-            say(name, Link(a, b, kind, weight))
-        for name, a, b, reason in self._store.conflicts():
-            say(name, OpenConflict(a, b, reason))
-        for name, change in said.items():
-            self.channel(name).apply(change)
-        pending: dict[str, list[tuple[MemoryRecord, np.ndarray]]] = {}
-        orphans: dict[str, Changes] = {}
-        for name, memory_id, vector in self._store.vectors():
-            owner = self._channels.get(name)
-            known = owner.records.get(memory_id) if owner is not None else None
+    def load_all(self, stop: threading.Event | None = None) -> None:
+        """Load every stored channel not loaded yet (a background warm-up), unless
+        ``stop`` is set first."""
+        with self._lock:
+            names = sorted(self._stored)
+        for name in names:
+            if stop is not None and stop.is_set():
+                return
+            self.find(name)
+
+    def _loaded(self, name: str) -> Channel | None:
+        """A channel's view, loading it from the store first if it is stored but not
+        loaded yet; None if the store holds nothing of it."""
+        with self._lock:
+            view = self._channels.get(name)
+            if view is not None or name not in self._stored:
+                return view
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:  # one loader per channel; others wait for its view
+            with self._lock:
+                view = self._channels.get(name)
+                if view is not None or name not in self._stored:
+                    return view
+            view = self._load(name)
+            with self._lock:
+                self._channels[name] = view
+                self._stored.discard(name)
+                self._loading.pop(name, None)
+            return view
+
+    def _load(self, name: str) -> Channel:
+        """A channel's view built from what the store holds: policy, state, records,
+        edges, conflicts and embeddings (an embedding written ahead by a bulk store whose
+        records never were is dropped)."""
+        view = self._new_view(name)
+        said = ChangeList(name)
+        policy, state = self._store.channel_policy(name), self._store.channel_state(name)
+        if policy is not None:
+            said.ops.append(SetPolicy(ChannelPolicy.from_json(policy)))
+        if state is not None:
+            said.ops.append(SetState(ChannelState.from_json(state)))
+        view.apply(said)
+        for record in self._store.records(name):
+            view.remember(record)
+        said = ChangeList(name)
+        for _, a, b, kind, weight in self._store.edges(name):
+            said.ops.append(Link(a, b, kind, weight))
+        for _, a, b, reason in self._store.conflicts(name):
+            said.ops.append(OpenConflict(a, b, reason))
+        view.apply(said)
+        entries: list[tuple[MemoryRecord, np.ndarray]] = []
+        orphans = Changes(name)
+        for _, memory_id, vector in self._store.vectors(name):
+            known = view.records.get(memory_id)
             if known is not None:
-                pending.setdefault(name, []).append((known, vector))
-            else:  # written ahead by a bulk store whose records never were
-                orphans.setdefault(name, Changes(name)).drop_vector(memory_id)
-        commit(self._store, list(orphans.values()))
-        for name, entries in pending.items():
-            self._channels[name].index_all(entries)
+                entries.append((known, vector))
+            else:
+                orphans.drop_vector(memory_id)
+        commit(self._store, [orphans])
+        view.index_all(entries)
+        return view
 
     def channel(self, name: str) -> Channel:
         """A channel's view, made empty if it does not exist yet: for writes only, which
         then make it durable. Reads use :meth:`find`, so a read never creates a channel."""
+        loaded = self._loaded(name)
+        if loaded is not None:
+            return loaded
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
-                channel = Channel(
-                    name,
-                    self._store.dim,
-                    self._default_policy,
-                    self._clock,
-                    approximate_above=self._approximate_above,
-                )
-                channel.on_due = self.due.note
-                channel.on_large = self.graphs.note
-                channel.revision, channel.arrivals = self._retired.get(name, (0, 0))
+                channel = self._new_view(name)
                 self._channels[name] = channel
             return channel
+
+    def _new_view(self, name: str) -> Channel:
+        """An empty view of a channel, hooked to the due timer and the graph builder."""
+        channel = Channel(
+            name,
+            self._store.dim,
+            self._default_policy,
+            self._clock,
+            approximate_above=self._approximate_above,
+        )
+        channel.on_due = self.due.note
+        channel.on_large = self.graphs.note
+        channel.revision, channel.arrivals = self._retired.get(name, (0, 0))
+        return channel
 
     def retire(self, name: str) -> None:
         """Take a dropped channel's view out (hold its lock): reads find no channel, the
         view takes no more changes, and a write makes a new, empty one."""
         with self._lock:
             view = self._channels.pop(name, None)
+            self._stored.discard(name)
             if view is not None:
                 view.drop()
                 self._retired[name] = (view.revision + 1, view.arrivals + 1)
 
     def find(self, name: str) -> Channel | None:
-        """A channel's view, if the channel exists."""
-        return self._channels.get(name)
+        """A channel's view, if the channel exists (loaded from the store on first use)."""
+        return self._loaded(name)
 
     def existing(self, name: str, memory_id: str) -> Channel:
         """The view of a channel that must hold ``memory_id``; NOT_FOUND if it does not exist."""
-        channel = self._channels.get(name)
+        channel = self._loaded(name)
         if channel is None:
             raise NotFoundError(f"no memory {memory_id} in channel {name!r}")
         return channel
 
     def policy(self, name: str) -> ChannelPolicy:
         """The policy in force in a channel."""
-        channel = self._channels.get(name)
+        channel = self._loaded(name)
         return channel.policy if channel is not None else self._default_policy
 
     def set_policy(self, name: str, policy: ChannelPolicy) -> ChannelPolicy:
@@ -173,7 +224,9 @@ class ChannelRegistry:
 
     def census(self) -> tuple[int, dict[str, int]]:
         """How many channels hold a memory that is not forgotten, and the memories of every
-        channel per state, from the counts each channel keeps (no scan of the memories)."""
+        channel per state, from the counts each channel keeps (no scan of the memories;
+        channels not loaded yet are loaded first)."""
+        self.load_all()
         with self._lock:
             views = list(self._channels.values())
         holding, states = 0, Counter[str]()

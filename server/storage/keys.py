@@ -83,6 +83,11 @@ class Keys:
     DELIVERIES = b"o:"
 
     @staticmethod
+    def in_channel(family: bytes, channel: str) -> bytes:
+        """The prefix of one channel's keys of a family (``MEMORIES``, ``EDGES``, ...)."""
+        return join(family, channel, "")
+
+    @staticmethod
     def memory(channel: str, memory_id: str) -> bytes:
         """A memory's record."""
         return join(b"m:", channel, memory_id)

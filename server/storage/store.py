@@ -77,6 +77,8 @@ from calor.server.storage.ops import (
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
+_PAST_SEP = bytes([SEP[0] + 1])  # sorts after SEP: past one channel's keys of a family
+
 log = logging.getLogger("calor.server")
 
 
@@ -448,9 +450,34 @@ class MemoryStore:
 
     def records(self, channel: str | None = None) -> Iterator[MemoryRecord]:
         """Every record, of one channel or of all, in key order."""
-        prefix = Keys.MEMORIES if channel is None else Keys.memory(channel, "")
+        prefix = Keys.MEMORIES if channel is None else Keys.in_channel(Keys.MEMORIES, channel)
         for _, value in self._scan(prefix):
             yield MemoryRecord.from_json(value)
+
+    def channel_names(self) -> set[str]:
+        """Every channel that holds anything: settings, its own state, a memory or an
+        embedding. A seek or two per channel, not a read of its memories."""
+        names = {name for name, _ in self.policies()}
+        names.update(name for name, _ in self.channel_states())
+        self._check_open()
+        for family in (Keys.MEMORIES, Keys.VECTORS):  # a vector alone: written ahead
+            start = family
+            while True:
+                key = next(iter(self._db.keys(from_key=start)), None)
+                if key is None or not cast(bytes, key).startswith(family):
+                    break
+                channel = cast(bytes, key)[len(family) :].partition(SEP)[0]
+                names.add(channel.decode())
+                start = family + channel + _PAST_SEP  # past every key of that channel
+        return names
+
+    def channel_policy(self, channel: str) -> bytes | None:
+        """A channel's stored policy JSON, or None (the default policy holds)."""
+        return self.get(Keys.policy(channel))
+
+    def channel_state(self, channel: str) -> bytes | None:
+        """A channel's stored own state JSON, or None (never written)."""
+        return self.get(Keys.channel_state(channel))
 
     def policies(self) -> Iterator[tuple[str, bytes]]:
         """Every channel's stored policy JSON as (channel, data)."""
@@ -462,23 +489,26 @@ class MemoryStore:
         for key, value in self._scan(Keys.STATES):
             yield key[2:].decode(), value
 
-    def edges(self) -> Iterator[tuple[str, str, str, str, float]]:
-        """Every stored edge as (channel, a, b, kind, weight)."""
-        for key, value in self._scan(Keys.EDGES):
-            channel, a, b, kind = split(key)
-            yield channel, a, b, kind, float(value)
+    def edges(self, channel: str | None = None) -> Iterator[tuple[str, str, str, str, float]]:
+        """Every stored edge, of one channel or of all, as (channel, a, b, kind, weight)."""
+        prefix = Keys.EDGES if channel is None else Keys.in_channel(Keys.EDGES, channel)
+        for key, value in self._scan(prefix):
+            owner, a, b, kind = split(key)
+            yield owner, a, b, kind, float(value)
 
-    def conflicts(self) -> Iterator[tuple[str, str, str, str]]:
-        """Every open conflict as (channel, a, b, reason)."""
-        for key, value in self._scan(Keys.CONFLICTS):
-            channel, a, b = split(key)
-            yield channel, a, b, value.decode()
+    def conflicts(self, channel: str | None = None) -> Iterator[tuple[str, str, str, str]]:
+        """Every open conflict, of one channel or of all, as (channel, a, b, reason)."""
+        prefix = Keys.CONFLICTS if channel is None else Keys.in_channel(Keys.CONFLICTS, channel)
+        for key, value in self._scan(prefix):
+            owner, a, b = split(key)
+            yield owner, a, b, value.decode()
 
-    def vectors(self) -> Iterator[tuple[str, str, np.ndarray]]:
-        """Every stored embedding as (channel, id, vector)."""
-        for key, value in self._scan(Keys.VECTORS):
-            channel, _, memory_id = key[2:].partition(SEP)
-            yield channel.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
+    def vectors(self, channel: str | None = None) -> Iterator[tuple[str, str, np.ndarray]]:
+        """Every stored embedding, of one channel or of all, as (channel, id, vector)."""
+        prefix = Keys.VECTORS if channel is None else Keys.in_channel(Keys.VECTORS, channel)
+        for key, value in self._scan(prefix):
+            owner, _, memory_id = key[2:].partition(SEP)
+            yield owner.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
 
     # --- the event log -------------------------------------------------------------
 

@@ -1,0 +1,79 @@
+"""Channels load when first asked for: a restart reads which channels exist (a seek or two
+each), not their memories; a call for a channel loads that channel alone, whole; the rest
+load in the background; counts over the server see them all (real RocksDB, real model)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from calor.client import CalorClient
+from calor.models.embedder import OnnxEmbedder
+from calor.server.clock import SystemClock
+from calor.server.commands import NewMemory, RecallQuery
+from calor.server.config import ServerConfig
+from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.storage.store import MemoryStore
+from calor.server.thermo.policy import ChannelPolicy
+from tests.conftest import ServerThread
+
+# Names that share prefixes: each must be found as itself, none skipped.
+NAMES = ["a", "a b", "ab", "abc", "b", "team/alpha", "team/alpha-2", "z"]
+
+
+def fill(embedder: OnnxEmbedder, folder: Path) -> dict[str, list[str]]:
+    store = MemoryStore.open(folder, model_id=embedder.model_id, dim=embedder.dim)
+    engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+    texts = {
+        name: [f"{name} keeps note {i} about the harbour." for i in range(3)] for name in NAMES
+    }
+    for name, notes in texts.items():
+        items = [NewMemory(channel=name, text=text) for text in notes]
+        engine.store(items, embedder.embed_passages(notes))
+    engine.channels.set_policy("settings-only", ChannelPolicy(cold_threshold=0.2))
+    store.close()
+    return texts
+
+
+def test_a_restart_loads_a_channel_only_when_it_is_asked_for(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    texts = fill(embedder, tmp_path)
+    store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
+    try:
+        engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+        assert engine.channels.unloaded() == len(NAMES) + 1, "every channel known, none loaded"
+
+        query = RecallQuery(channel="ab", query="note 1 about the harbour", limit=5, peek=True)
+        hits = engine.recall(query, embedder.embed_query(query.query)).hits
+        assert {h.record.text for h in hits} == set(texts["ab"])  # whole, and no other's
+        assert engine.channels.unloaded() == len(NAMES)
+        assert engine.channels.policy("settings-only").cold_threshold == 0.2
+
+        engine.channels.load_all()
+        assert engine.channels.unloaded() == 0
+        holding, states = engine.channels.census()
+        assert holding == len(NAMES) and states["active"] == 3 * len(NAMES)
+    finally:
+        store.close()
+
+
+def test_after_a_restart_every_channel_answers_and_the_rest_load_in_the_background(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    texts = fill(embedder, tmp_path)
+    config = ServerConfig(data_dir=tmp_path, host="127.0.0.1", port=0)
+    server = ServerThread(config, SystemClock(), lambda: embedder)
+    try:
+        with CalorClient(server.target, channel="team/alpha") as client:
+            found = client.recall("note 2 about the harbour", limit=3, peek=True).hits
+            assert found[0].memory.text == texts["team/alpha"][2]
+            client.store("team/alpha adds a fourth note.")
+        registry = server.server.runtime.engine.channels
+        deadline = time.monotonic() + 30
+        while registry.unloaded():
+            assert time.monotonic() < deadline, "the background warm-up did not finish"
+            time.sleep(0.02)
+        assert registry.census()[1]["active"] == 3 * len(NAMES) + 1
+    finally:
+        server.stop()
