@@ -170,6 +170,7 @@ def _serve(args: argparse.Namespace) -> int:
         "auth_file": args.auth_file,
         "purge_delay_seconds": args.purge_delay,
         "approximate_above": args.approximate_above,
+        "memory_budget_mb": args.memory_budget,
         **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -443,6 +444,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how soon after a forget or a dropped channel RocksDB is made to drop the "
         "forgotten bytes from disk (default 1)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        type=int,
+        metavar="MB",
+        help="about how much memory loaded channels may take; past it the channels least "
+        "recently used are unloaded and loaded again from disk when asked for (default: no "
+        "limit)",
     )
     serve.add_argument(
         "--approximate-above",

@@ -236,6 +236,7 @@ class CalorServer:
             self.clock,
             ChannelPolicy(),
             self.config.approximate_above,
+            self.config.memory_budget_mb * 1024 * 1024,
         )
         engine.background = self.runtime.executor.submit
         settle()  # the channels just loaded live until forgotten: out of the collector's view

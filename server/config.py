@@ -89,6 +89,9 @@ class ServerConfig:
             drop the forgotten bytes from disk (forgets in between share one purge).
         approximate_above: Memories past which a channel's vectors are searched through
             an HNSW graph (built in the background) instead of exactly.
+        memory_budget_mb: About how much memory the loaded channels may take (0: no
+            limit); past it, the channels least recently asked for are unloaded, and
+            loaded again from RocksDB when next asked for.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -117,3 +120,4 @@ class ServerConfig:
     auth_file: Path | None = None
     purge_delay_seconds: float = 1.0
     approximate_above: int = APPROXIMATE_ABOVE
+    memory_budget_mb: int = 0

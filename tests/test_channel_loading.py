@@ -13,6 +13,7 @@ from calor.server.clock import SystemClock
 from calor.server.commands import NewMemory, RecallQuery
 from calor.server.config import ServerConfig
 from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.engine.registry import BYTES_PER_MEMORY
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.policy import ChannelPolicy
 from tests.conftest import ServerThread
@@ -77,3 +78,36 @@ def test_after_a_restart_every_channel_answers_and_the_rest_load_in_the_backgrou
         assert registry.census()[1]["active"] == 3 * len(NAMES) + 1
     finally:
         server.stop()
+
+
+def test_under_a_memory_budget_the_least_recently_used_channels_are_unloaded(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    texts = fill(embedder, tmp_path)
+    store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
+    try:
+        two_channels = 2 * 3 * BYTES_PER_MEMORY
+        engine = MemoryEngine.open(
+            store, SystemClock(), ChannelPolicy(), memory_budget=two_channels
+        )
+        registry = engine.channels
+        held = registry.find("a")  # in a caller's hand: never unloaded under it
+        assert held is not None
+        revision = held.revision
+        for name in NAMES[1:]:
+            assert registry.find(name) is not None
+            assert registry.unloaded() >= len(NAMES) + 1 - 3, "at most the budget, and 'a'"
+        assert registry.find("a") is held
+        registry.load_all()
+        assert registry.unloaded() >= len(NAMES) + 1 - 3, "the warm-up stops at the budget"
+
+        del held  # let go: "a" may go now, and comes back whole when asked for
+        for name in NAMES[1:]:
+            registry.find(name)
+        query = RecallQuery(channel="a", query="note 0 about the harbour", limit=5, peek=True)
+        hits = engine.recall(query, embedder.embed_query(query.query)).hits
+        assert {h.record.text for h in hits} == set(texts["a"])
+        again = registry.find("a")
+        assert again is not None and again.revision > revision, "derived caches see a new view"
+    finally:
+        store.close()

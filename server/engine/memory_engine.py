@@ -86,10 +86,11 @@ class MemoryEngine:
         clock: Clock,
         policy: ChannelPolicy,
         approximate_above: int = APPROXIMATE_ABOVE,
+        memory_budget: int = 0,
     ) -> None:
         self._store = store
         self._clock = clock
-        self.channels = ChannelRegistry(store, clock, policy, approximate_above)
+        self.channels = ChannelRegistry(store, clock, policy, approximate_above, memory_budget)
         """Every channel's live view, and the reads over them (listing, status, ...)."""
         self._cards = EntityCards()
         self._contexts = ContextBuilder(self._cards)
@@ -113,10 +114,13 @@ class MemoryEngine:
         clock: Clock,
         policy: ChannelPolicy,
         approximate_above: int = APPROXIMATE_ABOVE,
+        memory_budget: int = 0,
     ) -> MemoryEngine:
-        """An engine whose views are rebuilt from everything ``store`` holds; channels
-        past ``approximate_above`` memories get an HNSW graph, built in the background."""
-        engine = cls(store, clock, policy, approximate_above)
+        """An engine over everything ``store`` holds, each channel loaded when first
+        asked for; channels past ``approximate_above`` memories get an HNSW graph, built
+        in the background; past ``memory_budget`` bytes (0: none), the channels least
+        recently asked for are unloaded."""
+        engine = cls(store, clock, policy, approximate_above, memory_budget)
         engine.channels.rebuild()
         return engine
 

@@ -3,6 +3,7 @@ read-only queries over the views."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import Counter
 from dataclasses import replace
@@ -25,7 +26,19 @@ from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.lifecycle import crossing_at, current_heat
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["ChannelRegistry"]
+__all__ = ["BYTES_PER_MEMORY", "ChannelRegistry", "estimated_bytes"]
+
+BYTES_PER_MEMORY = 6 * 1024
+"""What a loaded memory costs the server, about: its record, embedding, words and edges
+(measured with tracemalloc and FAISS's sizes on short memories)."""
+# References to a loaded view nobody holds: the registry's table, the loop's variable and
+# getrefcount's own argument.
+_UNHELD = 3
+
+
+def estimated_bytes(view: Channel) -> int:
+    """About how much memory a loaded channel takes."""
+    return len(view.records) * BYTES_PER_MEMORY
 
 
 class ChannelRegistry:
@@ -37,12 +50,14 @@ class ChannelRegistry:
         clock: Clock,
         default_policy: ChannelPolicy,
         approximate_above: int = APPROXIMATE_ABOVE,
+        memory_budget: int = 0,
     ) -> None:
         self._store = store
         self._approximate_above = approximate_above
+        self._budget = memory_budget
         self._clock = clock
         self._default_policy = default_policy
-        self._channels: dict[str, Channel] = {}
+        self._channels: dict[str, Channel] = {}  # loaded, least recently asked for first
         self._stored: set[str] = set()  # held by the store, not loaded yet
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -70,21 +85,33 @@ class ChannelRegistry:
 
     def load_all(self, stop: threading.Event | None = None) -> None:
         """Load every stored channel not loaded yet (a background warm-up), unless
-        ``stop`` is set first."""
+        ``stop`` is set first or the memory budget is full (the rest load when asked)."""
         with self._lock:
             names = sorted(self._stored)
         for name in names:
-            if stop is not None and stop.is_set():
+            if stop is not None and stop.is_set() or self._full():
                 return
             self.find(name)
+
+    def _full(self) -> bool:
+        """Whether the loaded channels fill the memory budget (never, without one)."""
+        if not self._budget:
+            return False
+        with self._lock:
+            views = list(self._channels.values())
+        return sum(estimated_bytes(view) for view in views) >= self._budget
 
     def _loaded(self, name: str) -> Channel | None:
         """A channel's view, loading it from the store first if it is stored but not
         loaded yet; None if the store holds nothing of it."""
         with self._lock:
             view = self._channels.get(name)
-            if view is not None or name not in self._stored:
+            if view is not None:
+                if self._budget:
+                    self._channels[name] = self._channels.pop(name)  # the latest asked for
                 return view
+            if name not in self._stored:
+                return None
             loading = self._loading.setdefault(name, threading.Lock())
         with loading:  # one loader per channel; others wait for its view
             with self._lock:
@@ -96,7 +123,26 @@ class ChannelRegistry:
                 self._channels[name] = view
                 self._stored.discard(name)
                 self._loading.pop(name, None)
+                if self._budget:
+                    self._keep_within_budget(name)
             return view
+
+    def _keep_within_budget(self, keep: str) -> None:
+        """Unload the least recently asked-for channels while the loaded ones' estimated
+        size is over the budget (hold the registry's lock). Only a view nobody holds goes
+        (no thread has it in hand: its reference count says so); it is loaded again
+        from the store when next asked for, counting on from its revision."""
+        size = sum(estimated_bytes(view) for view in self._channels.values())
+        for name in list(self._channels):
+            if size <= self._budget:
+                return
+            view = self._channels[name]
+            if name == keep or sys.getrefcount(view) > _UNHELD:
+                continue
+            del self._channels[name]
+            self._stored.add(name)
+            self._retired[name] = (view.revision + 1, view.arrivals + 1)
+            size -= estimated_bytes(view)
 
     def _load(self, name: str) -> Channel:
         """A channel's view built from what the store holds: policy, state, records,
@@ -225,11 +271,13 @@ class ChannelRegistry:
     def census(self) -> tuple[int, dict[str, int]]:
         """How many channels hold a memory that is not forgotten, and the memories of every
         channel per state, from the counts each channel keeps (no scan of the memories;
-        channels not loaded yet are loaded first)."""
+        channels not loaded yet are loaded first, as far as the memory budget allows: under
+        a budget, the memories of channels not loaded are not counted)."""
         self.load_all()
         with self._lock:
             views = list(self._channels.values())
-        holding, states = 0, Counter[str]()
+            unloaded = len(self._stored)
+        holding, states = unloaded, Counter[str]()
         for view in views:
             with view.lock:
                 counts = view.states()
