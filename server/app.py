@@ -268,12 +268,16 @@ class CalorServer:
         )
         self._warming.start()
 
+    def _serving_calls(self) -> bool:
+        """Whether calls other than open subscriptions are in flight."""
+        return self.limits.open_calls > sum(self.limits.subscriptions.values())
+
     def _warm_up(self, engine: MemoryEngine) -> None:
         """Load the channels no call has asked for yet, after SERVING: a call for one
         loads it at once; this makes decay and its events happen on time everywhere."""
         waiting = engine.channels.unloaded()
         try:
-            engine.channels.load_all(self._stop_warming)
+            engine.channels.load_all(self._stop_warming, busy=self._serving_calls)
         except Exception:
             if not self._stop_warming.is_set():
                 log.exception("loading the channels in the background failed")

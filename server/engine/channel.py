@@ -298,9 +298,13 @@ class Channel:
         self.graph.remove(tombstone.id)
 
     def _index_new(self, entries: list[tuple[MemoryRecord, np.ndarray]]) -> None:
-        live = [(r, v) for r, v in entries if self._index_for(r) is self.index]
-        archived = [(r, v) for r, v in entries if self._index_for(r) is self.attic]
-        for target, group in ((self.index, live), (self.attic, archived)):
+        groups: dict[int, list[tuple[MemoryRecord, np.ndarray]]] = {}
+        for record, vector in entries:
+            target = self._index_for(record)
+            if target is not None:
+                groups.setdefault(id(target), []).append((record, vector))
+        for target in (self.index, self.attic):
+            group = groups.get(id(target))
             if group:
                 target.add([r for r, _ in group], np.stack([v for _, v in group]))
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -31,6 +33,10 @@ __all__ = ["BYTES_PER_MEMORY", "ChannelRegistry", "estimated_bytes"]
 BYTES_PER_MEMORY = 6 * 1024
 """What a loaded memory costs the server, about: its record, embedding, words and edges
 (measured with tracemalloc and FAISS's sizes on short memories)."""
+# How long the background warm-up waits for calls in flight before each channel it loads
+# (so it still moves on under constant load), and how often it looks.
+_YIELD_SECONDS = 0.1
+_YIELD_STEP = 0.002
 # References to a loaded view nobody holds: the registry's table, the loop's variable and
 # getrefcount's own argument.
 _UNHELD = 3
@@ -83,12 +89,20 @@ class ChannelRegistry:
         with self._lock:
             return len(self._stored)
 
-    def load_all(self, stop: threading.Event | None = None) -> None:
+    def load_all(
+        self, stop: threading.Event | None = None, busy: Callable[[], bool] = lambda: False
+    ) -> None:
         """Load every stored channel not loaded yet (a background warm-up), unless
-        ``stop`` is set first or the memory budget is full (the rest load when asked)."""
+        ``stop`` is set first or the memory budget is full (the rest load when asked).
+        While ``busy`` says calls are being served, it waits up to ``_YIELD_SECONDS``
+        before each channel: a load holds the GIL, and calls come first."""
         with self._lock:
             names = sorted(self._stored)
         for name in names:
+            waited = 0.0
+            while busy() and waited < _YIELD_SECONDS:
+                time.sleep(_YIELD_STEP)
+                waited += _YIELD_STEP
             if stop is not None and stop.is_set() or self._full():
                 return
             self.find(name)
