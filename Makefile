@@ -13,7 +13,7 @@ TYPECHECK := $(VENV)/typecheck
 NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 
-.PHONY: serve test soak proto lint bench bench-quality check-stubs clean
+.PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,13 +63,17 @@ bench: $(STAMP)
 	$(PY) bench/throughput.py
 	$(PY) bench/fairness.py
 
-## The quality bench's baselines (bm25s, PyStemmer) beside the package.
+## The quality bench's baselines (bm25s, PyStemmer) and the peers bench's ChromaDB.
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
 bench-quality: $(BENCH_STAMP)
 	$(PY) bench/quality.py $(ARGS)
+
+## Calor beside ChromaDB on the same texts and embeddings, and its index at 1M vectors.
+bench-peers: $(BENCH_STAMP)
+	$(PY) bench/peers.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TYPECHECK)
