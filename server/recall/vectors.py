@@ -114,7 +114,9 @@ class VectorIndex:
         if not self._approximate:
             sims, labels = self._index.search(queries, k)
             return sims, labels
-        wanted = min(k + len(self._tombstones), self._index.ntotal)
+        # At most a tenth of the graph is tombstones (then it is rebuilt): asking for twice
+        # k is nearly always enough, and the search widens when it is not.
+        wanted = min(k + min(len(self._tombstones), k), self._index.ntotal)
         while True:
             breadth = max(_SEARCH_BREADTH, 2 * wanted)
             params = faiss.SearchParametersHNSW(efSearch=breadth)  # type: ignore[attr-defined]
