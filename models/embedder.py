@@ -328,12 +328,6 @@ def _build_session(model_path: Path, threads: int) -> ort.InferenceSession:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Pool threads that run out of work sleep rather than spin. A server runs Python
-    # beside the model (the store pipeline, gRPC, recalls); a spinning pool takes their
-    # cores, and a pool thread that loses its core stalls the others at the next
-    # barrier: measured beside one busy process on 2 cores, a StoreStream took 55 texts/s
-    # with spinning and 105 to 122 without.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         session = ort.InferenceSession(str(model_path), options, providers=[_PROVIDER])
     except Exception as exc:  # onnxruntime raises its own pybind types, not one base class
