@@ -16,8 +16,9 @@ from contextlib import contextmanager
 
 import grpc
 import numpy as np
-from _peers_common import Call, ClientFactory, Json, Workload, rss_kb, run_clients
+from _peers_common import Call, ClientFactory, Json, Workload, run_clients
 from _peers_server import PeerServer
+from _server import rss_kb
 from throughput import recall_times, stream_store, summarize
 
 from calor.server.config import APPROXIMATE_ABOVE

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _peers_common import Json, Workload, rss_kb, run_clients, timed_ms
+from _peers_common import Json, Workload, run_clients, timed_ms
+from _server import rss_kb
 from throughput import summarize
 
 from calor.server.metrics import data_bytes

@@ -99,18 +99,6 @@ def run_clients(open_client: ClientFactory, clients: int, seconds: float) -> Jso
     }
 
 
-def rss_kb(pid: int | str = "self") -> int | None:
-    """A process's resident memory in KiB (Linux ``VmRSS``), or None."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return None
-
-
 def load_embedder() -> Any:
     """The embedder the server itself loads (``calor.server.embedding.load_model``), with
     the server's default intra-op threads."""

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-from _peers_common import Json, rss_kb, timed_ms
+from _peers_common import Json, timed_ms
+from _server import rss_kb
 from throughput import summarize
 
 DIM = 384

@@ -108,15 +108,19 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def rss_mb(pid: int | None) -> float | None:
-    """Resident memory of a process in MB (Linux), or None."""
-    if pid is None:
-        return None
+def rss_kb(pid: int | str = "self") -> int | None:
+    """A process's resident memory in KiB (Linux ``VmRSS``), or None."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
     for line in status.splitlines():
         if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
+            return int(line.split()[1])
     return None
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """Resident memory of a process in MB (Linux), or None."""
+    kb = None if pid is None else rss_kb(pid)
+    return None if kb is None else round(kb / 1024, 1)
