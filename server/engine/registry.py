@@ -184,8 +184,8 @@ class ChannelRegistry:
             known = view.records.get(memory_id)
             if known is not None:
                 entries.append((known, vector))
-            else:
-                orphans.drop_vector(memory_id)
+            elif self._store.record(name, memory_id) is None:
+                orphans.drop_vector(memory_id)  # its record was never written: a crash
         commit(self._store, [orphans])
         view.index_all(entries)
         return view

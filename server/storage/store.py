@@ -430,6 +430,11 @@ class MemoryStore:
 
     # --- memories ------------------------------------------------------------------
 
+    def record(self, channel: str, memory_id: str) -> MemoryRecord | None:
+        """One memory's stored record, or None."""
+        data = self.get(Keys.memory(channel, memory_id))
+        return None if data is None else MemoryRecord.from_json(data)
+
     def get_vector(self, channel: str, memory_id: str) -> np.ndarray | None:
         """The embedding of one memory, or None."""
         self._check_open()
