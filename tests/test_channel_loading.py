@@ -5,6 +5,8 @@ load in the background; counts over the server see them all (real RocksDB, real 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from calor.client import CalorClient
@@ -22,9 +24,22 @@ from tests.conftest import ServerThread
 NAMES = ["a", "a b", "ab", "abc", "b", "team/alpha", "team/alpha-2", "z"]
 
 
-def fill(embedder: OnnxEmbedder, folder: Path) -> dict[str, list[str]]:
+@contextmanager
+def opened(embedder: OnnxEmbedder, folder: Path, memory_budget: int = 0) -> Iterator[MemoryEngine]:
+    """An engine over the store in ``folder``, as a restart opens it; closed after."""
     store = MemoryStore.open(folder, model_id=embedder.model_id, dim=embedder.dim)
-    engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+    try:
+        yield MemoryEngine.open(store, SystemClock(), ChannelPolicy(), memory_budget=memory_budget)
+    finally:
+        store.close()
+
+
+def fill(embedder: OnnxEmbedder, folder: Path) -> dict[str, list[str]]:
+    with opened(embedder, folder) as engine:
+        return _fill(engine, embedder)
+
+
+def _fill(engine: MemoryEngine, embedder: OnnxEmbedder) -> dict[str, list[str]]:
     texts = {
         name: [f"{name} keeps note {i} about the harbour." for i in range(3)] for name in NAMES
     }
@@ -32,7 +47,6 @@ def fill(embedder: OnnxEmbedder, folder: Path) -> dict[str, list[str]]:
         items = [NewMemory(channel=name, text=text) for text in notes]
         engine.store(items, embedder.embed_passages(notes))
     engine.channels.set_policy("settings-only", ChannelPolicy(cold_threshold=0.2))
-    store.close()
     return texts
 
 
@@ -40,9 +54,7 @@ def test_a_restart_loads_a_channel_only_when_it_is_asked_for(
     embedder: OnnxEmbedder, tmp_path: Path
 ) -> None:
     texts = fill(embedder, tmp_path)
-    store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
-    try:
-        engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+    with opened(embedder, tmp_path) as engine:
         assert engine.channels.unloaded() == len(NAMES) + 1, "every channel known, none loaded"
 
         query = RecallQuery(channel="ab", query="note 1 about the harbour", limit=5, peek=True)
@@ -55,8 +67,6 @@ def test_a_restart_loads_a_channel_only_when_it_is_asked_for(
         assert engine.channels.unloaded() == 0
         holding, states = engine.channels.census()
         assert holding == len(NAMES) and states["active"] == 3 * len(NAMES)
-    finally:
-        store.close()
 
 
 def test_after_a_restart_every_channel_answers_and_the_rest_load_in_the_background(
@@ -84,12 +94,7 @@ def test_under_a_memory_budget_the_least_recently_used_channels_are_unloaded(
     embedder: OnnxEmbedder, tmp_path: Path
 ) -> None:
     texts = fill(embedder, tmp_path)
-    store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
-    try:
-        two_channels = 2 * 3 * BYTES_PER_MEMORY
-        engine = MemoryEngine.open(
-            store, SystemClock(), ChannelPolicy(), memory_budget=two_channels
-        )
+    with opened(embedder, tmp_path, memory_budget=2 * 3 * BYTES_PER_MEMORY) as engine:
         registry = engine.channels
         held = registry.find("a")  # in a caller's hand: never unloaded under it
         assert held is not None
@@ -109,5 +114,3 @@ def test_under_a_memory_budget_the_least_recently_used_channels_are_unloaded(
         assert {h.record.text for h in hits} == set(texts["a"])
         again = registry.find("a")
         assert again is not None and again.revision > revision, "derived caches see a new view"
-    finally:
-        store.close()

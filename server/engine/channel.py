@@ -19,11 +19,11 @@ import numpy as np
 
 from calor.models.entities import entity_key
 from calor.server.clock import Clock
+from calor.server.config import APPROXIMATE_ABOVE
 from calor.server.engine.ingest import Neighbourhood
 from calor.server.engine.results import Current
 from calor.server.engine.states import RecordTable, states_now
 from calor.server.recall.index import ChannelIndex
-from calor.server.recall.vectors import APPROXIMATE_ABOVE
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
 from calor.server.storage.ops import (
     AddMemory,

@@ -14,13 +14,13 @@ import numpy as np
 
 from calor.server.clock import Clock
 from calor.server.commands import ListQuery
+from calor.server.config import APPROXIMATE_ABOVE
 from calor.server.engine.changes import Changes, changing, commit
 from calor.server.engine.channel import Channel
 from calor.server.engine.due import DueChannels
 from calor.server.engine.graphs import GraphBuilds
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.errors import NotFoundError
-from calor.server.recall.vectors import APPROXIMATE_ABOVE
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.ops import ChangeList, Link, OpenConflict, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
@@ -98,22 +98,16 @@ class ChannelRegistry:
         before each channel: a load holds the GIL, and calls come first."""
         with self._lock:
             names = sorted(self._stored)
+            size = sum(estimated_bytes(view) for view in self._channels.values())
         for name in names:
             waited = 0.0
             while busy() and waited < _YIELD_SECONDS:
                 time.sleep(_YIELD_STEP)
                 waited += _YIELD_STEP
-            if stop is not None and stop.is_set() or self._full():
+            if stop is not None and stop.is_set() or self._budget and size >= self._budget:
                 return
-            self.find(name)
-
-    def _full(self) -> bool:
-        """Whether the loaded channels fill the memory budget (never, without one)."""
-        if not self._budget:
-            return False
-        with self._lock:
-            views = list(self._channels.values())
-        return sum(estimated_bytes(view) for view in views) >= self._budget
+            view = self.find(name)
+            size += estimated_bytes(view) if view is not None else 0
 
     def _loaded(self, name: str) -> Channel | None:
         """A channel's view, loading it from the store first if it is stored but not
