@@ -18,9 +18,12 @@ server does off the request path, and times). Another index type is one more fac
 from __future__ import annotations
 
 import gc
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,11 +69,16 @@ class ChannelIndexLayer:
 
     def __init__(self, index: Any) -> None:
         self.index = index
+        self.saved: Path | None = None  # where settle() saved the graph, as the server does
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        self.index.add(self._records(ids), vectors)
+
+    @staticmethod
+    def _records(ids: Sequence[str]) -> list[Any]:
         from calor.server.records import MemoryRecord
 
-        records = [
+        return [
             MemoryRecord(
                 id=memory_id,
                 channel="bench",
@@ -83,7 +91,6 @@ class ChannelIndexLayer:
             )
             for memory_id in ids
         ]
-        self.index.add(records, vectors)
 
     def dense(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         labels, sims = self.index.dense(query, k)
@@ -98,12 +105,43 @@ class ChannelIndexLayer:
         vectors = getattr(self.index, "vectors", None)
         if vectors is None or not hasattr(vectors, "wants_graph") or not vectors.wants_graph():
             return 0.0
+        from calor.server.recall.graph_files import GraphFiles, SavedGraph
+        from calor.server.recall.vectors import GraphLinks, fingerprints
+
         started = time.perf_counter()
         build = vectors.snapshot()
+        ids, prints = self.index.memory_ids(build.labels), fingerprints(build.vectors)
         build.run()
+        took = time.perf_counter() - started
+        self.saved = Path(tempfile.mkdtemp(prefix="calor-bench-graph-"))
+        GraphFiles(self.saved, self.index.dim).save(
+            "bench", "live", SavedGraph(GraphLinks.of(build.graph), ids, prints, 0)
+        )
         if not vectors.install(build):
             raise RuntimeError("the HNSW graph was built but not installed")
-        return time.perf_counter() - started
+        return took
+
+    def restart(self, base: np.ndarray) -> Json:
+        """What a restart costs: the memories indexed again (exact), then the graph
+        settle() saved read and joined to them; seconds of each, and the kind after."""
+        from calor.server.recall.graph_files import GraphFiles
+        from calor.server.recall.index import ChannelIndex
+
+        if self.saved is None:
+            return {}
+        fresh = ChannelIndexLayer(ChannelIndex(self.index.dim))
+        indexed = _build(fresh, base)
+        started = time.perf_counter()
+        saved = GraphFiles(self.saved, self.index.dim).load("bench", "live")
+        restored = saved is not None and fresh.index.restore(saved)
+        joined = time.perf_counter() - started
+        shutil.rmtree(self.saved, ignore_errors=True)
+        return {
+            "reindex_s": round(indexed, 2),
+            "graph_restore_s": round(joined, 2),
+            "restored": restored,
+            "kind": fresh.kind(),
+        }
 
     def kind(self) -> str:
         return (
@@ -213,6 +251,7 @@ def _measure_one(
 
     times = timed_ms(search, len(truth))
     recall = np.mean([len(set(f) & set(t.tolist())) / k for f, t in zip(found, truth, strict=True)])
+    restart = getattr(index, "restart", None)
     return {
         "index": type(getattr(index, "index", index)).__name__,
         "kind": index.kind(),
@@ -223,6 +262,7 @@ def _measure_one(
         else round((after - before) / len(base), 3),
         "search": summarize(times),
         "recall_at_k": round(float(recall), 4),
+        "after_restart": restart(base) if restart is not None else {},
     }
 
 

@@ -273,6 +273,13 @@ def _index_lines(index: Json) -> list[str]:
             f"{one['graph_build_s']:>9.1f}{_num(one['index_rss_kb_per_vector']):>8}"
             f"{search['p50_ms']:>9.2f}{search['p99_ms']:>9.2f}{one['recall_at_k']:>11.4f}"
         )
+        restart = one.get("after_restart") or {}
+        if restart:
+            lines.append(
+                f"    after a restart: indexed again in {restart['reindex_s']:.1f} s, the saved "
+                f"graph read and joined in {restart['graph_restore_s']:.1f} s "
+                f"({'restored' if restart['restored'] else 'NOT restored'}: {restart['kind']})"
+            )
     return lines
 
 

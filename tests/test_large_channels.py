@@ -149,7 +149,7 @@ def test_a_large_channel_recalls_through_its_graph_end_to_end(
 ) -> None:
     """Through the real server and model: stored past the threshold, the channel is
     searched through its graph; a forgotten memory is gone from it; after a restart the
-    graph is built again from RocksDB."""
+    channel is searched through a graph again (the saved one: see test_saved_graphs)."""
     colours = ["red", "blue", "green", "brass", "silver", "iron"] * 10
     texts = [f"Fact number {i}: the {w} key opens locker {i * 7}." for i, w in enumerate(colours)]
     config = ServerConfig(data_dir=tmp_path, host="127.0.0.1", port=0, approximate_above=40)

@@ -21,6 +21,7 @@ from calor.server.engine.due import DueChannels
 from calor.server.engine.graphs import GraphBuilds
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.errors import NotFoundError
+from calor.server.recall.graph_files import GraphFiles
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.ops import ChangeList, Link, OpenConflict, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
@@ -73,7 +74,7 @@ class ChannelRegistry:
         self._retired: dict[str, tuple[int, int]] = {}
         self.due = DueChannels()
         """The next moment something falls due by itself, per channel."""
-        self.graphs = GraphBuilds()
+        self.graphs = GraphBuilds(GraphFiles(store.path / "graphs", store.dim), store.sequence)
         """The HNSW graphs of large channels, built in the background."""
 
     def rebuild(self) -> None:
@@ -181,7 +182,9 @@ class ChannelRegistry:
             elif self._store.record(name, memory_id) is None:
                 orphans.drop_vector(memory_id)  # its record was never written: a crash
         commit(self._store, [orphans])
-        view.index_all(entries)
+        with view.lock:  # a graph build the indexing asks for waits for the saved graphs
+            view.index_all(entries)
+            self.graphs.restore(view)
         return view
 
     def channel(self, name: str) -> Channel:
@@ -220,6 +223,7 @@ class ChannelRegistry:
             if view is not None:
                 view.drop()
                 self._retired[name] = (view.revision + 1, view.arrivals + 1)
+        self.graphs.discard(name)
 
     def find(self, name: str) -> Channel | None:
         """A channel's view, if the channel exists (loaded from the store on first use)."""

@@ -12,6 +12,7 @@ import faiss
 import numpy as np
 
 from calor.server.recall.columns import RecordColumns
+from calor.server.recall.graph_files import SavedGraph
 from calor.server.recall.lexical import LexicalIndex
 from calor.server.recall.vectors import APPROXIMATE_ABOVE, VectorIndex
 from calor.server.records import MemoryRecord
@@ -87,6 +88,20 @@ class ChannelIndex:
     def memory_id(self, label: int) -> str:
         """The memory id behind a label."""
         return self._id_of[label]
+
+    def memory_ids(self, labels: np.ndarray) -> list[str]:
+        """The memory ids behind labels, in order."""
+        return [self._id_of[label] for label in labels.tolist()]
+
+    def restore(self, saved: SavedGraph) -> bool:
+        """Search through a saved HNSW graph (see ``VectorIndex.adopt``); False if it does
+        not fit the memories indexed here."""
+        labels = np.fromiter(
+            (self._label_of.get(memory_id, -1) for memory_id in saved.ids),
+            dtype=np.int64,
+            count=len(saved.ids),
+        )
+        return self.vectors.adopt(saved.links, labels, saved.prints)
 
     def dense(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest memories by cosine: (labels, similarities), best first."""

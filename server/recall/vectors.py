@@ -5,13 +5,15 @@ The graph is built off the request path (:meth:`VectorIndex.snapshot`, then
 :meth:`ApproximateBuild.run` without the channel's lock, then :meth:`VectorIndex.install`),
 and what changed while it was built is caught up when it is installed. HNSW cannot delete:
 a removed memory's label is a tombstone that searches skip, and the graph is rebuilt once
-tombstones make up a tenth of it. RocksDB keeps every vector; the graph is rebuilt from
-the channel's vectors after a restart.
+tombstones make up a tenth of it. RocksDB keeps every vector. A built graph's links
+(:class:`GraphLinks`, no vectors) can be saved and, after a restart, joined again to the
+vectors RocksDB holds (:meth:`VectorIndex.adopt`) instead of built again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import faiss
 import numpy as np
@@ -19,7 +21,7 @@ import numpy.typing as npt
 
 from calor.server.config import APPROXIMATE_ABOVE
 
-__all__ = ["APPROXIMATE_ABOVE", "ApproximateBuild", "VectorIndex"]
+__all__ = ["APPROXIMATE_ABOVE", "ApproximateBuild", "GraphLinks", "VectorIndex", "fingerprints"]
 
 _LINKS = 32  # HNSW M: neighbours per node
 _BUILD_BREADTH = 80  # efConstruction
@@ -32,6 +34,71 @@ _CATCH_UP_SHARE = 0.05
 
 _F32 = npt.NDArray[np.float32]
 _I64 = npt.NDArray[np.int64]
+_U64 = npt.NDArray[np.uint64]
+
+# The parts of a FAISS HNSW graph that hold its links (the vectors are stored apart).
+_LINK_ARRAYS = ("assign_probas", "cum_nneighbor_per_level", "levels", "offsets", "neighbors")
+_FINGERPRINT_ROWS = 8_192  # rows hashed at a time (bounds the scratch memory)
+_FINGERPRINT_WEIGHTS = np.random.default_rng(0x6361_6C6F_72).integers(
+    1, 2**63, size=4_096, dtype=np.uint64
+) | np.uint64(1)
+
+
+def fingerprints(vectors: _F32) -> _U64:
+    """A 64-bit hash of each row's exact bits: equal rows, equal prints (so a saved graph
+    can tell which of its vectors changed without keeping them)."""
+    words = np.ascontiguousarray(vectors, dtype=np.float32).view(np.uint32)
+    weights = _FINGERPRINT_WEIGHTS[: words.shape[1]]
+    out = np.empty(words.shape[0], dtype=np.uint64)
+    for start in range(0, words.shape[0], _FINGERPRINT_ROWS):
+        chunk = words[start : start + _FINGERPRINT_ROWS].astype(np.uint64)
+        out[start : start + chunk.shape[0]] = (chunk * weights).sum(axis=1)  # wraps mod 2^64
+    return out
+
+
+@dataclass
+class GraphLinks:
+    """An HNSW graph without its vectors: which node links to which, at which level.
+
+    ``arrays`` are FAISS's own (levels, offsets, neighbours, ...); node ``i`` is the
+    ``i``-th vector the graph was built from.
+    """
+
+    arrays: dict[str, np.ndarray]
+    entry_point: int
+    max_level: int
+
+    @property
+    def size(self) -> int:
+        """How many nodes the graph has."""
+        return int(self.arrays["levels"].shape[0])
+
+    @classmethod
+    def of(cls, graph: faiss.IndexIDMap2) -> GraphLinks:
+        """The links of a built graph (copied out)."""
+        hnsw = cast(faiss.IndexHNSWFlat, faiss.downcast_index(graph.index)).hnsw
+        arrays = {name: faiss.vector_to_array(getattr(hnsw, name)) for name in _LINK_ARRAYS}
+        return cls(arrays, int(hnsw.entry_point), int(hnsw.max_level))
+
+    def join(self, vectors: _F32, labels: _I64) -> faiss.IndexIDMap2:
+        """The searchable graph of these links with node ``i``'s vector and label in row
+        ``i``."""
+        dim = vectors.shape[1]
+        hnsw = faiss.IndexHNSWFlat(dim, _LINKS, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = _BUILD_BREADTH
+        graph = faiss.IndexIDMap2(hnsw)
+        for name, array in self.arrays.items():
+            target = getattr(hnsw.hnsw, name)
+            target.clear()
+            faiss.copy_array_to_vector(array, target)
+        hnsw.hnsw.entry_point, hnsw.hnsw.max_level = self.entry_point, self.max_level
+        storage = cast(faiss.IndexFlat, faiss.downcast_index(hnsw.storage))
+        rows = np.ascontiguousarray(vectors, dtype=np.float32).view(np.uint8).ravel()
+        faiss.copy_array_to_vector(rows, storage.codes)
+        storage.ntotal = hnsw.ntotal = graph.ntotal = self.size
+        faiss.copy_array_to_vector(labels, graph.id_map)
+        graph.construct_rev_map()
+        return graph
 
 
 @dataclass
@@ -172,6 +239,42 @@ class VectorIndex:
         self._tombstones = removed & held
         self._approximate = True
         self._changed, self._removed = [], []
+        return True
+
+    def adopt(self, links: GraphLinks, labels: _I64, prints: _U64) -> bool:
+        """Search through a saved graph from now on, joined to the vectors held here.
+
+        ``labels``: each node's label now (-1: its memory is gone); ``prints``: each
+        node's :func:`fingerprints` when the graph was built. A node whose memory is
+        gone or was embedded again since is a tombstone (with a zero vector); memories
+        the graph lacks are added to it. False (and exact search stays, so the graph is
+        built again) if it does not fit: too many tombstones or too much to add.
+        """
+        if self._approximate or self._building or links.size != labels.shape[0]:
+            return False
+        alive = labels >= 0
+        if np.unique(labels[alive]).size != np.count_nonzero(alive):
+            return False  # two nodes claim one memory: not a graph of these memories
+        vectors = np.zeros((links.size, self.dim), dtype=np.float32)
+        vectors[alive] = self.reconstruct_batch(labels[alive])
+        alive[alive] = fingerprints(vectors[alive]) == prints[alive]
+        vectors[~alive] = 0.0
+        held = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        missing = np.setdiff1d(held, labels[alive])
+        dead = np.flatnonzero(~alive)
+        if dead.size > _REBUILD_SHARE * links.size or missing.size > max(
+            _CATCH_UP, _CATCH_UP_SHARE * links.size
+        ):
+            return False
+        labels = labels.copy()
+        labels[dead] = -2 - np.arange(dead.size)  # unique, and never a search result
+        graph = links.join(vectors, labels)
+        if missing.size:
+            graph.add_with_ids(self.reconstruct_batch(missing), missing)
+        self._index = graph
+        self._tombstones = set(labels[dead].tolist())
+        self._tombstone_cache = None
+        self._approximate = True
         return True
 
     def abandon(self) -> None:

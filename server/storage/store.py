@@ -246,6 +246,10 @@ class MemoryStore:
             break
         return last
 
+    def sequence(self) -> int:
+        """RocksDB's sequence number: it grows with every write."""
+        return int(self._db.latest_sequence_number())
+
     def on_commit(self, listener: Callable[[list[EventRecord]], None]) -> None:
         """Call ``listener`` with the numbered events of each commit, in commit order.
 
