@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calor.server.errors import InvalidArgumentError
 from calor.server.recall import lexical
@@ -20,7 +23,7 @@ def _index(*texts: str) -> LexicalIndex:
 
 def test_public_surface() -> None:
     assert lexical.__all__ == sorted(lexical.__all__)
-    assert lexical.__all__ == ["LexicalIndex", "keyword_overlap", "tokenize"]
+    assert lexical.__all__ == ["LexicalIndex", "Match", "keyword_overlap", "tokenize"]
 
 
 def test_tokenize_lowercases_drops_stopwords_and_apostrophes() -> None:
@@ -214,3 +217,88 @@ def test_overlap_reads_the_index_like_keyword_overlap() -> None:
     assert index.overlap(terms, 1) == 0.75
     assert index.overlap(terms, 2) == 0.0
     assert index.overlap([], 1) == 0.0
+
+
+_WORDS = ["deploy", "server", "coffee", "berlin", "train", "keys", "blue", "the", "ran", "zz9"]
+
+
+def _reference(texts: dict[int, str], query: str) -> dict[int, float]:
+    """BM25 straight from its formula, over every document at once."""
+    k1, b = 1.2, 0.75
+    terms = {doc_id: tokenize(text) for doc_id, text in texts.items()}
+    total = sum(len(words) for words in terms.values())
+    if not total:
+        return {}
+    average = total / len(terms)
+    scores: dict[int, float] = {}
+    for term in dict.fromkeys(tokenize(query)):
+        holding = [doc_id for doc_id, words in terms.items() if term in words]
+        if not holding:
+            continue
+        n = len(holding)
+        idf = math.log(1 + (len(terms) - n + 0.5) / (n + 0.5))
+        for doc_id in holding:
+            tf = terms[doc_id].count(term)
+            norm = k1 * (1 - b + b * len(terms[doc_id]) / average)
+            scores[doc_id] = scores.get(doc_id, 0.0) + idf * tf * (k1 + 1) / (tf + norm)
+    return scores
+
+
+_texts = st.lists(st.sampled_from(_WORDS), min_size=0, max_size=8).map(" ".join)
+_steps = st.lists(
+    st.tuples(st.booleans(), st.integers(min_value=0, max_value=12), _texts), max_size=40
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=_steps, query=_texts)
+def test_the_index_agrees_with_the_formula_through_adds_and_removes(
+    steps: list[tuple[bool, int, str]], query: str
+) -> None:
+    """Any mix of adds, re-adds and removes (which leave dead postings, purge and
+    compact them): the scores, the ranking and the overlap are the formula's."""
+    index, texts = LexicalIndex(), {}
+    for adding, doc_id, text in steps:
+        if adding:
+            index.add(doc_id, text)
+            texts[doc_id] = text
+        else:
+            index.remove(doc_id)
+            texts.pop(doc_id, None)
+    assert len(index) == len(texts)
+    expected = _reference(texts, query)
+    got = index.score_docs(query, list(range(14)))
+    for doc_id in range(14):
+        assert got[doc_id] == pytest.approx(expected.get(doc_id, 0.0), rel=1e-9, abs=1e-12)
+    ranked = sorted(expected.items(), key=lambda item: (-round(item[1], 9), item[0]))[:5]
+    found = index.search(query, 5)
+    assert [doc_id for doc_id, _ in found] == [doc_id for doc_id, _ in ranked]
+    terms = tokenize(query)
+    match = index.match(query)
+    overlaps = match.overlap(np.arange(14))
+    for doc_id in range(14):
+        wanted = keyword_overlap(terms, texts[doc_id]) if doc_id in texts else 0.0
+        assert index.overlap(terms, doc_id) == pytest.approx(wanted)
+        assert overlaps[doc_id] == pytest.approx(wanted)
+
+
+def test_compaction_keeps_every_live_score() -> None:
+    """Removing most documents compacts the postings; what is left scores as before."""
+    index, texts = LexicalIndex(), {}
+    for doc_id in range(12):
+        texts[doc_id] = " ".join(["deploy"] * (doc_id % 5 + 1) + ["server"] * (doc_id % 3))
+        index.add(doc_id, texts[doc_id])
+    for doc_id in range(0, 12, 2):
+        index.remove(doc_id)
+        del texts[doc_id]
+    index.remove(1)
+    del texts[1]
+    expected = _reference(texts, "deploy server")
+    got = index.score_docs("deploy server", list(range(12)))
+    assert got == pytest.approx({doc_id: expected.get(doc_id, 0.0) for doc_id in range(12)})
+    index.add(4, "server server server")  # an id used before, indexed again after compaction
+    texts[4] = "server server server"
+    expected = _reference(texts, "server")
+    assert index.score_docs("server", list(range(12))) == pytest.approx(
+        {doc_id: expected.get(doc_id, 0.0) for doc_id in range(12)}
+    )

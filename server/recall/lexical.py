@@ -1,19 +1,25 @@
-"""An incrementally updated in-memory BM25 index over one channel's memories."""
+"""An incrementally updated in-memory BM25 index over one channel's memories, searched
+with numpy over packed postings."""
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
+from array import array
 from collections import Counter
 from collections.abc import Collection, Sequence
 from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from calor.server.errors import InvalidArgumentError
 
-__all__ = ["LexicalIndex", "keyword_overlap", "tokenize"]
+__all__ = ["LexicalIndex", "Match", "keyword_overlap", "tokenize"]
 
 _K1 = 1.2
+_INT = "i"  # postings, counts and term ids are packed as 32-bit ints
 _B = 0.75
 
 # Function words that say nothing about what a memory is about. Kept short on purpose:
@@ -115,47 +121,93 @@ def keyword_overlap(query_terms: Sequence[str], text: str) -> float:
 class LexicalIndex:
     """BM25 (k1=1.2, b=0.75) over one channel's memories, updated one memory at a time.
 
-    Postings map each term to the documents holding it and their term counts, so a
-    search touches only the documents that share a term with the query. Not
+    Postings are packed arrays (each term's documents and term counts), so a search is a
+    few vectorised passes over the postings of the query's terms, and a memory costs a
+    few bytes per distinct term. A removed document's postings stay until the dead ones
+    make up half of all postings; searches skip them meanwhile. Document ids are
+    non-negative 32-bit integers (a channel's labels, handed out from 0). Not
     thread-safe: the owner serializes writes against searches.
     """
 
-    __slots__ = ("_doc_len", "_doc_terms", "_postings", "_total_len")
+    __slots__ = (
+        "_alive",
+        "_dead_postings",
+        "_df",
+        "_doc_len",
+        "_doc_terms",
+        "_docs",
+        "_post_docs",
+        "_post_tf",
+        "_postings",
+        "_term_ids",
+        "_terms_at",
+        "_total_len",
+    )
 
     def __init__(self) -> None:
         """Create an empty index."""
-        self._postings: dict[str, dict[int, int]] = {}
-        self._doc_terms: dict[int, tuple[str, ...]] = {}
-        self._doc_len: dict[int, int] = {}
+        self._term_ids: dict[str, int] = {}
+        self._post_docs: list[array[int]] = []  # per term id: document ids, ascending adds
+        self._post_tf: list[array[int]] = []  # per term id: the term's count in each
+        self._df: array[int] = array(_INT)  # per term id: live documents holding it
+        self._doc_len: array[int] = array(_INT)  # per document id: terms, 0 if absent
+        self._alive = bytearray()  # per document id: 1 while indexed
+        self._terms_at: array[int] = array(_INT)  # per document id: where its terms start
+        self._doc_terms: array[int] = array(_INT)  # distinct term ids, document after document
+        self._docs = 0
         self._total_len = 0
+        self._postings = 0  # postings held, dead ones included
+        self._dead_postings = 0
 
     def __len__(self) -> int:
         """Return the number of documents in the index."""
-        return len(self._doc_len)
+        return self._docs
 
     def __contains__(self, doc_id: object) -> bool:
         """Return whether ``doc_id`` is in the index."""
-        return doc_id in self._doc_len
+        return (
+            isinstance(doc_id, int) and 0 <= doc_id < len(self._alive) and bool(self._alive[doc_id])
+        )
 
     def add(self, doc_id: int, text: str) -> None:
         """Index a document, replacing any earlier text under the same id.
 
         Args:
-            doc_id: The memory's id within the channel.
+            doc_id: The memory's id within the channel (a non-negative integer).
             text: The text to make searchable.
         """
-        if doc_id in self._doc_len:
+        if doc_id < 0:
+            raise InvalidArgumentError(f"document ids are not negative, got {doc_id}")
+        if doc_id < len(self._alive):
             self.remove(doc_id)
+            self._purge(doc_id)  # its old postings must not count for the new text
+        else:
+            grow = doc_id + 1 - len(self._alive)
+            self._alive.extend(bytes(grow))
+            self._doc_len.extend([0] * grow)
+            self._terms_at.extend([-1] * grow)
         terms = tokenize(text)
         counts = Counter(terms)
+        post_docs, post_tf, df, term_ids = self._post_docs, self._post_tf, self._df, self._term_ids
+        held = []
         for term, tf in counts.items():
-            postings = self._postings.get(term)
-            if postings is None:
-                self._postings[term] = {doc_id: tf}
-            else:
-                postings[doc_id] = tf
-        self._doc_terms[doc_id] = tuple(counts)
+            term_id = term_ids.get(term)
+            if term_id is None:
+                term_id = term_ids[term] = len(post_docs)
+                post_docs.append(array(_INT))
+                post_tf.append(array(_INT))
+                df.append(0)
+            post_docs[term_id].append(doc_id)
+            post_tf[term_id].append(tf)
+            df[term_id] += 1
+            held.append(term_id)
+        self._terms_at[doc_id] = len(self._doc_terms)
+        self._doc_terms.append(len(held))
+        self._doc_terms.extend(held)
+        self._postings += len(counts)
+        self._alive[doc_id] = 1
         self._doc_len[doc_id] = len(terms)
+        self._docs += 1
         self._total_len += len(terms)
 
     def remove(self, doc_id: int) -> None:
@@ -164,15 +216,45 @@ class LexicalIndex:
         Args:
             doc_id: The memory's id within the channel.
         """
-        length = self._doc_len.pop(doc_id, None)
-        if length is None:
+        if doc_id not in self:
             return
-        self._total_len -= length
-        for term in self._doc_terms.pop(doc_id):
-            postings = self._postings[term]
-            del postings[doc_id]
-            if not postings:
-                del self._postings[term]
+        self._alive[doc_id] = 0
+        self._docs -= 1
+        self._total_len -= self._doc_len[doc_id]
+        self._doc_len[doc_id] = 0
+        held = self._held_terms(doc_id)
+        for term_id in held:
+            self._df[term_id] -= 1
+        self._dead_postings += len(held)
+        if self._dead_postings * 2 > self._postings:
+            self._compact()
+
+    def match(self, query: str) -> Match:
+        """Score every document against a query in one pass (see :class:`Match`).
+
+        Each distinct query term counts once, however often the query repeats it.
+
+        Args:
+            query: Free text; tokenized like the documents.
+        """
+        wanted = dict.fromkeys(tokenize(query))
+        scores = np.zeros(len(self._alive), dtype=np.float64)
+        holds = np.zeros(len(self._alive), dtype=np.int32)
+        ceiling = 0.0
+        base, per_len = self._length_norm()
+        lengths = np.frombuffer(self._doc_len, dtype=np.int32)
+        for term_id, weight in self._query_terms(wanted):
+            docs = self._postings_of(term_id)
+            tf = np.frombuffer(self._post_tf[term_id], dtype=np.int32).astype(np.float64)
+            # tf·(k1+1) / (tf + k1·(1 − b + b·len/avglen)), with k1+1 folded into weight.
+            scores[docs] += weight * tf / (tf + base + per_len * lengths[docs])
+            holds[docs] += 1
+            ceiling += weight
+        if self._dead_postings:
+            dead = np.frombuffer(self._alive, dtype=np.uint8) == 0
+            scores[dead] = 0.0
+            holds[dead] = 0
+        return Match(scores, holds, ceiling, len(wanted))
 
     def overlap(self, query_terms: Collection[str], doc_id: int) -> float:
         """The fraction of distinct query terms the document holds (0 if it is not indexed).
@@ -181,14 +263,13 @@ class LexicalIndex:
         re-tokenizing the text.
         """
         wanted = set(query_terms)
-        if not wanted:
+        if not wanted or doc_id not in self:
             return 0.0
-        return len(wanted.intersection(self._doc_terms.get(doc_id, ()))) / len(wanted)
+        held = {term for term in wanted if self._term_ids.get(term) in self._held_terms(doc_id)}
+        return len(held) / len(wanted)
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Find the documents that best match a query.
-
-        Each distinct query term counts once, however often the query repeats it.
 
         Args:
             query: Free text; tokenized like the documents.
@@ -203,65 +284,82 @@ class LexicalIndex:
         """
         if k < 0:
             raise InvalidArgumentError(f"k must not be negative, got {k}")
-        if k == 0 or not self._doc_len:
-            return []
-        scores: dict[int, float] = {}
-        doc_len = self._doc_len
-        base, per_len = self._length_norm()
-        for postings, weight in self._query_terms(query):
-            if not scores:
-                # The first (longest) postings list fills the table in one comprehension.
-                scores = {
-                    doc_id: weight * tf / (tf + base + per_len * doc_len[doc_id])
-                    for doc_id, tf in postings.items()
-                }
-                continue
-            get = scores.get
-            for doc_id, tf in postings.items():
-                # tf·(k1+1) / (tf + k1·(1 − b + b·len/avglen)), with k1+1 folded into weight.
-                scores[doc_id] = get(doc_id, 0.0) + weight * tf / (
-                    tf + base + per_len * doc_len[doc_id]
-                )
-        return _top(scores, k)
+        ids, scores = self.match(query).top(k)
+        return list(zip(ids.tolist(), scores.tolist(), strict=True))
 
     def score_docs(self, query: str, doc_ids: Sequence[int]) -> dict[int, float]:
         """Score chosen documents against a query, e.g. candidates found by vector search.
-
-        Args:
-            query: Free text; tokenized like the documents.
-            doc_ids: The documents to score.
 
         Returns:
             The BM25 score of each requested id, on the same scale as ``search``;
             0.0 for ids that match no query term or are not in the index.
         """
-        result = dict.fromkeys(doc_ids, 0.0)
-        base, per_len = self._length_norm()
-        for postings, weight in self._query_terms(query):
-            for doc_id in result:
-                tf = postings.get(doc_id)
-                if tf is not None:
-                    norm = base + per_len * self._doc_len[doc_id]
-                    result[doc_id] += weight * tf / (tf + norm)
-        return result
+        ids = np.fromiter(doc_ids, dtype=np.int64, count=len(doc_ids))
+        return dict(zip(ids.tolist(), self.match(query).scores(ids).tolist(), strict=True))
 
     def best_possible(self, query: str) -> float:
         """The BM25 score no document can reach for this query: every indexed query term
         at unbounded frequency. Dividing a score by it gives how fully, on 0..1, a
         document matches the query's words, comparable across queries."""
-        return sum(weight for _, weight in self._query_terms(query))
+        return sum(weight for _, weight in self._query_terms(dict.fromkeys(tokenize(query))))
 
-    def _query_terms(self, query: str) -> list[tuple[dict[int, int], float]]:
-        """Postings and weight, idf·(k1+1), of each distinct indexed query term.
+    def _held_terms(self, doc_id: int) -> array[int]:
+        """The distinct term ids of a document, live or removed (not yet purged)."""
+        at = self._terms_at[doc_id]
+        if at < 0:
+            return array(_INT)
+        return self._doc_terms[at + 1 : at + 1 + self._doc_terms[at]]
 
-        Longest postings first, then by term, so that a score is always summed in the
-        same order and equal documents get bit-for-bit equal scores.
-        """
-        terms = [term for term in dict.fromkeys(tokenize(query)) if term in self._postings]
-        terms.sort(key=lambda term: (-len(self._postings[term]), term))
+    def _purge(self, doc_id: int) -> None:
+        """Take a removed document's postings out of its terms' lists (before its id is
+        indexed again)."""
+        held = self._held_terms(doc_id)
+        for term_id in held:
+            self._keep_postings(term_id, self._postings_of(term_id) != doc_id)
+        self._postings -= len(held)
+        self._dead_postings -= len(held)
+        self._terms_at[doc_id] = -1
+
+    def _postings_of(self, term_id: int) -> npt.NDArray[np.int32]:
+        """The documents a term's postings name (a view: drop it before the next write)."""
+        return np.frombuffer(self._post_docs[term_id], dtype=np.int32)
+
+    def _keep_postings(self, term_id: int, keep: npt.NDArray[np.bool_]) -> None:
+        """Keep only the postings of a term that ``keep`` marks."""
+        tf = np.frombuffer(self._post_tf[term_id], dtype=np.int32)[keep]
+        docs = self._postings_of(term_id)[keep]
+        self._post_tf[term_id] = array(_INT, tf.tobytes())
+        self._post_docs[term_id] = array(_INT, docs.tobytes())
+
+    def _compact(self) -> None:
+        """Drop every dead posting, and the term lists of removed documents."""
+        alive = np.frombuffer(self._alive, dtype=np.uint8).astype(bool)
+        for term_id in range(len(self._post_docs)):
+            keep = alive[self._postings_of(term_id)]
+            if not keep.all():
+                self._keep_postings(term_id, keep)
+        terms_at = array(_INT, [-1]) * len(self._alive)
+        doc_terms: array[int] = array(_INT)
+        for doc_id in np.flatnonzero(alive).tolist():
+            terms_at[doc_id] = len(doc_terms)
+            at = self._terms_at[doc_id]
+            doc_terms.extend(self._doc_terms[at : at + 1 + self._doc_terms[at]])
+        self._terms_at, self._doc_terms = terms_at, doc_terms
+        self._postings -= self._dead_postings
+        self._dead_postings = 0
+
+    def _query_terms(self, terms: Collection[str]) -> list[tuple[int, float]]:
+        """Term id and weight, idf·(k1+1), of each of the (distinct) query terms some
+        document holds. Most common first, then by term, so that a score is always
+        summed in the same order and equal documents get bit-for-bit equal scores."""
+        found = []
+        for term in terms:
+            term_id = self._term_ids.get(term)
+            if term_id is not None and self._df[term_id] > 0:
+                found.append((-self._df[term_id], term, term_id))
+        found.sort()
         return [
-            (self._postings[term], self._idf(len(self._postings[term])) * (_K1 + 1.0))
-            for term in terms
+            (term_id, self._idf(-negative_df) * (_K1 + 1.0)) for negative_df, _, term_id in found
         ]
 
     def _length_norm(self) -> tuple[float, float]:
@@ -271,22 +369,60 @@ class LexicalIndex:
         """
         if not self._total_len:
             return _K1 * (1.0 - _B), 0.0  # no document has a term; nothing will match
-        return _K1 * (1.0 - _B), _K1 * _B * len(self._doc_len) / self._total_len
+        return _K1 * (1.0 - _B), _K1 * _B * self._docs / self._total_len
 
     def _idf(self, doc_freq: int) -> float:
         """BM25 idf, ln(1 + (N − n + 0.5) / (n + 0.5)); always positive."""
-        return math.log(1.0 + (len(self._doc_len) - doc_freq + 0.5) / (doc_freq + 0.5))
+        return math.log(1.0 + (self._docs - doc_freq + 0.5) / (doc_freq + 0.5))
 
 
-def _top(scores: dict[int, float], k: int) -> list[tuple[int, float]]:
-    """The k best positive scores, best first, equal scores by ascending id."""
-    if len(scores) > k:
-        # Find the k-th best score over bare floats (no key function, about three
-        # times cheaper than ranking the pairs), then order only the documents at or
-        # above it; ">=" keeps every tie at the cut, so ids decide which make it.
-        cut = heapq.nlargest(k, scores.values())[-1]
-        best = [(doc_id, score) for doc_id, score in scores.items() if score >= cut]
-    else:
-        best = list(scores.items())
-    best.sort(key=lambda item: (-item[1], item[0]))
-    return [(doc_id, score) for doc_id, score in best[:k] if score > 0.0]
+class Match:
+    """Every document's BM25 score for one query, and how many of its terms each holds."""
+
+    __slots__ = ("_holds", "_scores", "_terms", "ceiling")
+
+    def __init__(
+        self,
+        scores: npt.NDArray[np.float64],
+        holds: npt.NDArray[np.int32],
+        ceiling: float,
+        terms: int,
+    ) -> None:
+        self._scores, self._holds, self._terms = scores, holds, terms
+        self.ceiling = ceiling
+        """The score no document can reach: every indexed query term at unbounded
+        frequency (see :meth:`LexicalIndex.best_possible`)."""
+
+    def top(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The ``k`` best documents with a positive score, best first, equal scores by
+        ascending id: (ids, scores)."""
+        ids = np.flatnonzero(self._scores > 0.0)
+        if k <= 0 or ids.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
+        scores = self._scores[ids]
+        if ids.size > k:
+            # ">=" the k-th best keeps every tie at the cut, so ids decide which make it.
+            cut = np.partition(scores, ids.size - k)[ids.size - k]
+            keep = scores >= cut
+            ids, scores = ids[keep], scores[keep]
+        order = np.lexsort((ids, -scores))[:k]
+        return ids[order].astype(np.int64), scores[order]
+
+    def scores(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The score of each id (0.0 for one not indexed or matching no term)."""
+        return _gather(self._scores, ids).astype(np.float64)
+
+    def overlap(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The fraction of the query's distinct terms each id holds (see
+        :func:`keyword_overlap`)."""
+        if not self._terms:
+            return np.zeros(ids.shape[0], dtype=np.float64)
+        return _gather(self._holds, ids) / self._terms
+
+
+def _gather(values: npt.NDArray[Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+    """``values[ids]``, with 0 for an id outside ``values``."""
+    out = np.zeros(ids.shape[0], dtype=values.dtype)
+    inside = (ids >= 0) & (ids < values.size)
+    out[inside] = values[ids[inside]]
+    return out

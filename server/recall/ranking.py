@@ -31,7 +31,7 @@ from calor.server.recall.columns import (
     type_code,
 )
 from calor.server.recall.index import ChannelIndex
-from calor.server.recall.lexical import tokenize
+from calor.server.recall.lexical import Match
 from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.gates import fidelity_admits
@@ -149,11 +149,11 @@ def rank_channel(
     the same formula (what the bulk path is checked against), as the few the columns
     do not cover always are.
     """
-    similarity, lexical = _candidates(index, query.query, query_vector, candidate_pool(query))
+    words = index.lexical.match(query.query)
+    similarity, lexical = _candidates(index, words, query_vector, candidate_pool(query))
     if not similarity:
         return []
-    terms = frozenset(tokenize(query.query))
-    scoring = _Scoring(query, policy, window, clocks, own, terms)
+    scoring = _Scoring(query, policy, window, clocks, own, words)
     labels = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
     batch = index.columns.batch(labels)
     by_record = needs_record(batch) | (not bulk) | bool(query.tags)
@@ -182,16 +182,13 @@ class _Scoring:
         window: TimeWindow | None,
         clocks: Clocks,
         own: bool,
-        terms: frozenset[str],
+        words: Match,
     ) -> None:
         self.query, self.policy, self.window, self.clocks = query, policy, window, clocks
-        self.terms = terms
+        self.words = words
         self.weights = policy.weights
         self.trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
         self.bonus = self.weights.own_channel if own else 0.0
-
-    def _keyword(self, index: ChannelIndex, label: int) -> float:
-        return index.lexical.overlap(self.terms, label) if self.terms else 0.0
 
     def one(
         self,
@@ -207,7 +204,7 @@ class _Scoring:
         heat = current_heat(record, policy, clocks)
         if not _passes(record, heat, query, policy):
             return None
-        keyword = self._keyword(index, label)
+        keyword = float(self.words.overlap(np.array([label], dtype=np.int64))[0])
         boost = 0.0
         if self.window is not None:
             boost = temporal_boost(
@@ -251,7 +248,7 @@ class _Scoring:
         listed = labels.tolist()
         sims = np.array([similarity[label] for label in listed])
         words = np.array([lexical[label] for label in listed])
-        keyword = np.array([self._keyword(index, label) for label in listed])
+        keyword = self.words.overlap(labels)
         heat, state = heats_and_states(batch, policy, self.clocks)
         keep = self._passes(batch, heat, state)
         boost = self._boosts(batch.created_at)
@@ -342,24 +339,18 @@ class _Scoring:
 
 
 def _candidates(
-    index: ChannelIndex, text: str, query_vector: np.ndarray, pool: int
+    index: ChannelIndex, words: Match, query_vector: np.ndarray, pool: int
 ) -> tuple[dict[int, float], dict[int, float]]:
     """The union of the ``pool`` nearest memories by meaning and by words, with each
     candidate's cosine and how fully it matches the query's words: its BM25 score as a
     fraction of the best score any document could reach for this query."""
     labels, sims = index.dense(query_vector, pool)
     similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
-    by_words = index.lexical.search(text, pool)
-    bm25 = dict(by_words)
-    ceiling = index.lexical.best_possible(text) if by_words else 0.0
-    lexical_only = [label for label in bm25 if label not in similarity]
+    by_words, _ = words.top(pool)
+    lexical_only = [label for label in by_words.tolist() if label not in similarity]
     if lexical_only:
         extra = index.similarities(query_vector, lexical_only)
         similarity.update(zip(lexical_only, extra.tolist(), strict=True))
-    dense_only = [label for label in similarity if label not in bm25]
-    if dense_only and by_words:
-        bm25.update(index.lexical.score_docs(text, dense_only))
-    lexical = {
-        label: (bm25.get(label, 0.0) / ceiling if ceiling > 0 else 0.0) for label in similarity
-    }
-    return similarity, lexical
+    listed = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
+    share = words.scores(listed) / words.ceiling if words.ceiling > 0 else np.zeros(listed.size)
+    return similarity, dict(zip(listed.tolist(), share.tolist(), strict=True))
