@@ -36,7 +36,7 @@ class Limits:
     max_tag_bytes: int = 256
     max_channel_chars: int = 128
     max_idempotency_key_bytes: int = 256
-    max_stream_batch: int = 64
+    max_stream_batch: int = 256
     max_stream_items: int = 200_000
     max_forget_ids: int = 10_000
     max_future_skew_seconds: float = 300.0

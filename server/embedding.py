@@ -37,15 +37,23 @@ QUERY_CACHE = 1_024
 
 @dataclass(eq=False)
 class _Job:
-    """Texts one caller waits for; filled a slice at a time."""
+    """Texts one caller waits for; filled a slice at a time.
+
+    The texts are held shortest first (``rows`` says where each was in the caller's
+    list), so the slices of a long job are of like length: a model batch is padded to
+    its longest text, and mixed lengths cost a fifth of ingest throughput.
+    """
 
     texts: list[str]
     future: asyncio.Future[np.ndarray] = field(repr=False)
+    rows: list[int] = field(default_factory=list, repr=False)
     vectors: np.ndarray | None = None
     next: int = 0  # the first text not yet handed to the model
     remaining: int = 0  # texts whose vectors have not come back yet
 
     def __post_init__(self) -> None:
+        self.rows = sorted(range(len(self.texts)), key=lambda row: len(self.texts[row]))
+        self.texts = [self.texts[row] for row in self.rows]
         self.remaining = len(self.texts)
 
     @property
@@ -80,7 +88,7 @@ class EmbeddingQueue:
         self,
         embedder: Embedder,
         max_batch: int = 64,
-        chunk_seconds: float = 0.05,
+        chunk_seconds: float = 0.15,
         query_cache: int = QUERY_CACHE,
     ) -> None:
         self.embedder = embedder
@@ -100,12 +108,12 @@ class EmbeddingQueue:
         """Told of every model run: its kind (query or passage), texts and seconds."""
 
     async def passages(self, texts: list[str], lane: IngestLane | None = None) -> np.ndarray:
-        """Unit vectors for stored texts, one row each.
+        """Unit vectors for stored texts, one row each, in the order given.
 
         Args:
-            texts: The texts, embedded as given.
-            lane: The batch these texts belong to; texts of one lane are embedded in
-                the order given and take turns with other lanes. None: a lane of their own.
+            texts: The texts, embedded as given (shortest first: see ``_Job``).
+            lane: The batch these texts belong to; calls of one lane are embedded in
+                the order made and take turns with other lanes. None: a lane of their own.
         """
         if not texts:
             return self._empty()
@@ -274,12 +282,9 @@ def _deliver(piece: _Slice, vectors: np.ndarray) -> None:
     job = piece.job
     if job.abandoned:
         return
-    if piece.start == 0 and piece.end == len(job.texts):
-        job.future.set_result(vectors)
-        return
     if job.vectors is None:
         job.vectors = np.empty((len(job.texts), vectors.shape[1]), dtype=np.float32)
-    job.vectors[piece.start : piece.end] = vectors
+    job.vectors[job.rows[piece.start : piece.end]] = vectors
     job.remaining -= piece.end - piece.start
     if job.remaining == 0:
         job.future.set_result(job.vectors)

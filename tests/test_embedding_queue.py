@@ -190,3 +190,17 @@ async def test_a_repeated_query_is_answered_without_the_model() -> None:
             first[0] = 5.0  # shared between callers: nobody may change it
     finally:
         await queue.close()
+
+
+@synchronously
+async def test_a_job_runs_shortest_first_and_answers_in_the_callers_order() -> None:
+    """Chunks of like length are padded little; the caller still gets its own rows."""
+    model = RecordingEmbedder()
+    queue = EmbeddingQueue(model, max_batch=3)
+    widths = [40, 8, 25, 8, 60, 12, 33, 9, 50]
+    given = [f"{'w' * width}-{i}" for i, width in enumerate(widths)]
+    vectors = await queue.passages(given)
+    assert vectors[:, 0].tolist() == list(range(len(given)))
+    ran = [text for _, batch in model.calls for text in batch]
+    assert [len(text) for text in ran] == sorted(len(text) for text in given)
+    await queue.close()
