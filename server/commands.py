@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from calor.models.entities import extract_entities
+from calor.models.text import classify_type
+from calor.models.valence import valence
 from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
 
-__all__ = ["ListQuery", "NewMemory", "RecallQuery", "TagFilter", "UpdateChange"]
+__all__ = [
+    "ListQuery",
+    "NewMemory",
+    "RecallQuery",
+    "TagFilter",
+    "TextReading",
+    "UpdateChange",
+    "read_text",
+]
 
 TagFilter = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
+class TextReading:
+    """What a memory's text says by itself, whichever channel it goes to: the type it
+    reads as, the entities it names and its valence (see :func:`read_text`)."""
+
+    memory_type: str
+    entities: list[str]
+    valence: float
+
+
+def read_text(text: str, memory_type: str | None = None) -> TextReading:
+    """Read a text for storing; ``memory_type`` given is kept, else the text is classified."""
+    return TextReading(memory_type or classify_type(text), extract_entities(text), valence(text))
+
+
+@dataclass(frozen=True)
 class NewMemory:
-    """A memory to store; ``memory_type`` None means classify it."""
+    """A memory to store; ``memory_type`` None means classify it. ``reading`` is the
+    text's :class:`TextReading` when it was read ahead (a stream reads each chunk while
+    later ones arrive), else it is read when stored."""
 
     channel: str
     text: str
@@ -27,6 +54,11 @@ class NewMemory:
     idempotency_key: str = ""
     created_at: float | None = None
     provenance: dict[str, str] = field(default_factory=dict)
+    reading: TextReading | None = None
+
+    def read(self) -> NewMemory:
+        """This item with its text read (see :func:`read_text`)."""
+        return replace(self, reading=read_text(self.text, self.memory_type))
 
 
 @dataclass(frozen=True)

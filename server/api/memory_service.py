@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -94,6 +95,9 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         limits = self._rt.config.limits
         items: list[NewMemory] = []
         batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch)
+        # Each full chunk's texts are read (type, entities, valence) on a store thread
+        # while the model embeds and later items arrive: less is left for the store.
+        read_ahead: list[asyncio.Future[list[NewMemory]]] = []
         try:
             async for request in requests:
                 if len(items) >= limits.max_stream_items:
@@ -106,11 +110,18 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
                     raise InvalidArgumentError(f"item {len(items)}: {error.message}") from None
                 items.append(item)
                 batch.add([item.text])
+                if len(items) % limits.max_stream_batch == 0:
+                    chunk = items[-limits.max_stream_batch :]
+                    read_ahead.append(asyncio.ensure_future(self._rt.run(_read_all, chunk)))
             if not items:
                 raise InvalidArgumentError("StoreStream: the stream held no items")
-            return items, await batch.vectors()
+            vectors = await batch.vectors()
+            read = [item for chunk in read_ahead for item in await chunk]
+            return read + items[len(read) :], vectors
         finally:
             batch.cancel()
+            for reading in read_ahead:
+                reading.cancel()
 
     @rpc_errors
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
@@ -421,3 +432,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         cap = self._rt.config.limits.max_stream_items
         if len(items) > cap:
             raise InvalidArgumentError(f"Import: more than {cap} memories in one import")
+
+
+def _read_all(items: list[NewMemory]) -> list[NewMemory]:
+    """The items with their texts read (``NewMemory.read``)."""
+    return [item.read() for item in items]

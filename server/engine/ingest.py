@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calor.models.entities import entity_key, extract_entities
-from calor.models.text import classify_type
-from calor.models.valence import valence
-from calor.server.commands import NewMemory
+from calor.models.entities import entity_key
+from calor.server.commands import NewMemory, read_text
 from calor.server.ids import new_id
 from calor.server.recall.index import ChannelIndex, ScratchIndex
 from calor.server.records import DELETED, MERGED, MemoryRecord
@@ -154,8 +152,8 @@ def _one(
     interactions: int,
 ) -> Ingested:
     created = item.created_at if item.created_at is not None else now
-    memory_type = item.memory_type or classify_type(item.text)
-    entities = extract_entities(item.text)
+    reading = item.reading or read_text(item.text, item.memory_type)
+    memory_type = reading.memory_type
     nearest = candidates[0][0] if candidates else 0.0
     provenance = dict(item.provenance)
     confirms: list[str] = []
@@ -178,13 +176,13 @@ def _one(
         importance=importance,
         keystone=item.keystone,
         tags=dict(item.tags),
-        entities=entities,
+        entities=list(reading.entities),
         source=item.source,
         confidence=item.confidence,
         provenance=provenance,
         idempotency_key=item.idempotency_key,
         interactions0=interactions,
-        valence=valence(item.text),
+        valence=reading.valence,
         surprise=min(1.0, max(0.0, 1.0 - nearest)),
         importance_adjustment=importance - base,
     )
