@@ -13,12 +13,16 @@ import pytest
 
 from calor.client import CalorClient
 from calor.models.embedder import OnnxEmbedder
-from calor.server.clock import SystemClock
+from calor.server.clock import ManualClock, SystemClock
 from calor.server.config import ServerConfig
+from calor.server.engine.channel import Channel
+from calor.server.engine.graphs import GraphBuilds
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
 from calor.server.recall.vectors import GraphLinks, VectorIndex, fingerprints
+from calor.server.storage.ops import AddMemory, ChangeList
+from calor.server.thermo.policy import ChannelPolicy
 from tests.conftest import ServerThread
-from tests.test_large_channels import DIM, clustered, exact_top, recall_at
+from tests.test_large_channels import DIM, NOW, clustered, exact_top, recall_at, record
 
 
 def built_graph(vectors: np.ndarray, ids: list[str]) -> SavedGraph:
@@ -165,3 +169,57 @@ def test_after_a_restart_the_server_takes_the_saved_graph_end_to_end(
             assert top == ids[42]
     finally:
         again.stop()
+
+
+def test_a_graph_that_grew_asks_to_be_saved_again_and_restores_whole() -> None:
+    """Memories keep arriving after a graph is built: once a restart would have more than
+    half of what it may catch up, the graph in place is saved again, with every node."""
+    vectors = clustered(3_000)
+    index = VectorIndex(DIM, approximate_above=100)
+    index.add(np.arange(500, dtype=np.int64), vectors[:500])
+    build = index.snapshot()
+    build.run()
+    assert index.install(build) and not index.wants_save()
+    index.add(np.arange(500, 1_400, dtype=np.int64), vectors[500:1_400])
+    assert not index.wants_save(), "900 to catch up is within half of what adopt takes"
+    index.add(np.arange(1_400, 1_600, dtype=np.int64), vectors[1_400:1_600])
+    index.remove(3)
+    assert index.wants_save()
+    links, labels, prints = index.saving()
+    assert not index.wants_save()
+    assert links.size == labels.size == 1_600 and sorted(labels.tolist()) == list(range(1_600))
+    live = labels != 3
+    assert (prints[live] == fingerprints(vectors[labels[live]])).all()
+
+    # After a restart the memories come back under new labels (here: shifted), one gone.
+    again = VectorIndex(DIM, approximate_above=100)
+    kept = np.array([i for i in range(1_600) if i != 3], dtype=np.int64)
+    again.add(kept + 10_000, vectors[kept])
+    now = np.where(labels == 3, -1, labels + 10_000)
+    assert again.adopt(links, now, prints)
+    _, everything = again.search(vectors[:1], 1_600)
+    assert sorted(everything[0][everything[0] >= 0].tolist()) == (kept + 10_000).tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_channel_saves_its_grown_graph_in_the_background(tmp_path: Path) -> None:
+    builds = GraphBuilds(GraphFiles(tmp_path, DIM), sequence=lambda: 7)
+    view = Channel("big", DIM, ChannelPolicy(), ManualClock(NOW), approximate_above=300)
+    view.on_large = builds.note
+    vectors = clustered(1_800)
+    with view.lock:
+        view.apply(ChangeList("big", [AddMemory(record(i), vectors[i]) for i in range(400)]))
+    saved = GraphFiles(tmp_path, DIM)
+    deadline = time.monotonic() + 30
+    while (first := saved.load("big", "live")) is None:
+        assert time.monotonic() < deadline, "the built graph was not saved"
+        time.sleep(0.01)
+    assert first.links.size == 400 and first.sequence == 7
+    with view.lock:
+        view.apply(
+            ChangeList("big", [AddMemory(record(i), vectors[i]) for i in range(400, 1_800)])
+        )
+    while (grown := saved.load("big", "live")) is None or grown.links.size < 1_800:
+        assert time.monotonic() < deadline, "the grown graph was not saved again"
+        time.sleep(0.01)
+    assert sorted(grown.ids) == sorted(f"m{i:05d}" for i in range(1_800))

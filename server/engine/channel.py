@@ -220,9 +220,14 @@ class Channel:
         self.revision += 1
 
     def _note_size(self) -> None:
-        """An index grew past exact search (or holds too many tombstones): ask for a graph."""
-        wants = self.index.vectors.wants_graph() or self.attic.vectors.wants_graph()
-        if wants and self.on_large is not None:
+        """An index grew past exact search (or holds too many tombstones), or its graph
+        grew much since it was saved: ask for a graph built, or saved again."""
+        if self.on_large is None:
+            return
+        if any(
+            index.vectors.wants_graph() or index.vectors.wants_save()
+            for index in (self.index, self.attic)
+        ):
             self.on_large(self)
 
     def _note_owed_sweep(self) -> None:

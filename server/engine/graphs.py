@@ -13,22 +13,18 @@ import queue
 import threading
 from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
-
 from calor.server.engine.channel import Channel
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
 from calor.server.recall.index import ChannelIndex
-from calor.server.recall.vectors import ApproximateBuild, GraphLinks, fingerprints
+from calor.server.recall.vectors import GraphLinks
 
 __all__ = ["GraphBuilds"]
 
 log = logging.getLogger(__name__)
 
-_Job = tuple[Channel, str, ChannelIndex]  # a channel, which index ("live", "attic"), the index
-
-# What a save needs beside the graph: node ids, vector fingerprints, the store's sequence.
-_Saved = tuple[list[str], npt.NDArray[np.uint64], int]
+# What to do ("build" or "save"), for which channel and which of its indexes ("live",
+# "attic"), and that index.
+_Job = tuple[str, Channel, str, ChannelIndex]
 
 
 def _indexes(channel: Channel) -> tuple[tuple[str, ChannelIndex], ...]:
@@ -38,7 +34,8 @@ def _indexes(channel: Channel) -> tuple[tuple[str, ChannelIndex], ...]:
 class GraphBuilds:
     """Builds the graphs channels ask for (:meth:`note`), one at a time, on a daemon thread
     (a build in flight never holds up the server's exit), and saves each to ``files``
-    with the store's ``sequence`` at its snapshot."""
+    with the store's ``sequence`` at its snapshot: when built, and again whenever it has
+    grown enough that a restart would have much to catch up."""
 
     def __init__(
         self, files: GraphFiles | None = None, sequence: Callable[[], int] = lambda: 0
@@ -46,7 +43,7 @@ class GraphBuilds:
         self._files = files
         self._sequence = sequence
         self._waiting: queue.Queue[_Job] = queue.Queue()
-        self._queued: set[int] = set()
+        self._queued: set[tuple[int, str]] = set()  # (index, action) queued or running
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.built = 0
@@ -55,20 +52,25 @@ class GraphBuilds:
         """How many saved graphs were put in place."""
 
     def note(self, channel: Channel) -> None:
-        """Queue a build for each index of the channel that wants a graph (its lock held)."""
+        """Queue a build for each index of the channel that wants a graph, a save for each
+        whose graph grew since it was saved (hold the channel's lock)."""
         for kind, index in _indexes(channel):
-            if not index.vectors.wants_graph():
+            if index.vectors.wants_graph():
+                action = "build"
+            elif self._files is not None and index.vectors.wants_save():
+                action = "save"
+            else:
                 continue
             with self._lock:
-                if id(index) in self._queued:
+                if (id(index), action) in self._queued:
                     continue
-                self._queued.add(id(index))
+                self._queued.add((id(index), action))
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._work, name="calor-graph", daemon=True
                     )
                     self._thread.start()
-            self._waiting.put((channel, kind, index))
+            self._waiting.put((action, channel, kind, index))
 
     def restore(self, channel: Channel) -> None:
         """Put the channel's saved graphs in place, those that fit its memories (hold its
@@ -99,14 +101,17 @@ class GraphBuilds:
 
     def _work(self) -> None:
         while True:
-            channel, kind, index = self._waiting.get()
+            action, channel, kind, index = self._waiting.get()
             try:
-                self._build(channel, kind, index)
+                if action == "build":
+                    self._build(channel, kind, index)
+                else:
+                    self._save_grown(channel, kind, index)
             except Exception:
-                log.exception("building the HNSW graph of channel %r failed", channel.name)
+                log.exception("the HNSW graph of channel %r: %s failed", channel.name, action)
             finally:
                 with self._lock:
-                    self._queued.discard(id(index))
+                    self._queued.discard((id(index), action))
 
     def _build(self, channel: Channel, kind: str, index: ChannelIndex) -> None:
         installed = False
@@ -118,9 +123,10 @@ class GraphBuilds:
                 ids = index.memory_ids(build.labels)
                 sequence = self._sequence()
             try:
-                prints = fingerprints(build.vectors)
                 build.run()
-                self._save(channel, kind, build, (ids, prints, sequence))
+                if build.graph is not None and build.prints is not None and not channel.dropped:
+                    links = GraphLinks.of(build.graph)  # not in place yet: nothing else uses it
+                    self._save(channel.name, kind, SavedGraph(links, ids, build.prints, sequence))
             finally:
                 with channel.lock:  # a failed build leaves exact search in place
                     installed = index.vectors.install(build)
@@ -130,14 +136,22 @@ class GraphBuilds:
             channel.name,
             len(build.labels),
         )
+        self._save_grown(channel, kind, index)  # if much was caught up as it went in
 
-    def _save(self, channel: Channel, kind: str, build: ApproximateBuild, saved: _Saved) -> None:
-        """Save a built graph (before it is put in place: nothing else touches it yet)."""
-        if self._files is None or build.graph is None or channel.dropped:
+    def _save_grown(self, channel: Channel, kind: str, index: ChannelIndex) -> None:
+        """Save a graph in place again: its links copied under the lock, written after."""
+        with channel.lock:
+            if channel.dropped or not index.vectors.wants_save():
+                return
+            links, labels, prints = index.vectors.saving()
+            ids = index.memory_ids(labels)
+            sequence = self._sequence()
+        self._save(channel.name, kind, SavedGraph(links, ids, prints, sequence))
+
+    def _save(self, channel: str, kind: str, graph: SavedGraph) -> None:
+        if self._files is None:
             return
-        ids, prints, sequence = saved
         try:
-            links = GraphLinks.of(build.graph)
-            self._files.save(channel.name, kind, SavedGraph(links, ids, prints, sequence))
+            self._files.save(channel, kind, graph)
         except OSError as error:
-            log.warning("channel %r: its HNSW graph could not be saved: %s", channel.name, error)
+            log.warning("channel %r: its HNSW graph could not be saved: %s", channel, error)

@@ -90,8 +90,8 @@ class ChannelIndex:
         return self._id_of[label]
 
     def memory_ids(self, labels: np.ndarray) -> list[str]:
-        """The memory ids behind labels, in order."""
-        return [self._id_of[label] for label in labels.tolist()]
+        """The memory ids behind labels, in order; "" for a label no memory holds now."""
+        return [self._id_of.get(label, "") for label in labels.tolist()]
 
     def restore(self, saved: SavedGraph) -> bool:
         """Search through a saved HNSW graph (see ``VectorIndex.adopt``); False if it does

@@ -109,9 +109,12 @@ class ApproximateBuild:
     labels: _I64
     vectors: _F32
     graph: faiss.IndexIDMap2 | None = None
+    prints: _U64 | None = None
+    """The :func:`fingerprints` of the vectors, row by row."""
 
     def run(self) -> None:
         """Build the graph (long: minutes at a million vectors); no lock needed."""
+        self.prints = fingerprints(self.vectors)
         hnsw = faiss.IndexHNSWFlat(self.dim, _LINKS, faiss.METRIC_INNER_PRODUCT)
         hnsw.hnsw.efConstruction = _BUILD_BREADTH
         graph = faiss.IndexIDMap2(hnsw)
@@ -137,6 +140,10 @@ class VectorIndex:
     _building: bool = field(default=False, init=False)
     _changed: list[int] = field(default_factory=list, init=False)
     _removed: list[int] = field(default_factory=list, init=False)
+    # While searched through a graph: each label's fingerprint (what a save writes), and
+    # how many nodes the graph had when it was last saved (or built, or restored).
+    _prints: _U64 = field(default_factory=lambda: np.zeros(0, dtype=np.uint64), init=False)
+    _saved_nodes: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
@@ -152,6 +159,8 @@ class VectorIndex:
         self._live += len(labels)
         if self._building:
             self._changed.extend(labels.tolist())
+        if self._approximate:
+            self._note_prints(labels, fingerprints(vectors))
 
     def remove(self, label: int) -> None:
         """Stop finding a label (a tombstone while the graph holds it)."""
@@ -231,13 +240,20 @@ class VectorIndex:
         if build.graph is None or len(added) > max(_CATCH_UP, _CATCH_UP_SHARE * len(build.labels)):
             self._changed, self._removed = [], []
             return False
+        self._prints = np.zeros(0, dtype=np.uint64)
+        if build.prints is not None:
+            self._note_prints(build.labels, build.prints)
         if added:
             fresh = np.array(added, dtype=np.int64)
-            build.graph.add_with_ids(self.reconstruct_batch(fresh), fresh)
+            vectors = self.reconstruct_batch(fresh)
+            build.graph.add_with_ids(vectors, fresh)
+            self._note_prints(fresh, fingerprints(vectors))
         held = set(faiss.vector_to_array(build.graph.id_map).tolist())
         self._index = build.graph
         self._tombstones = removed & held
+        self._tombstone_cache = None
         self._approximate = True
+        self._saved_nodes = len(build.labels)
         self._changed, self._removed = [], []
         return True
 
@@ -269,13 +285,47 @@ class VectorIndex:
         labels = labels.copy()
         labels[dead] = -2 - np.arange(dead.size)  # unique, and never a search result
         graph = links.join(vectors, labels)
+        self._prints = np.zeros(0, dtype=np.uint64)
+        self._note_prints(labels[alive], prints[alive])
         if missing.size:
-            graph.add_with_ids(self.reconstruct_batch(missing), missing)
+            fresh = self.reconstruct_batch(missing)
+            graph.add_with_ids(fresh, missing)
+            self._note_prints(missing, fingerprints(fresh))
         self._index = graph
         self._tombstones = set(labels[dead].tolist())
         self._tombstone_cache = None
         self._approximate = True
+        self._saved_nodes = links.size
         return True
+
+    def wants_save(self) -> bool:
+        """Whether the graph grew enough since it was last saved that a restart would
+        have much to catch up (half of what :meth:`adopt` takes): save it again."""
+        if not self._approximate or self._building:
+            return False
+        grown = self._index.ntotal - self._saved_nodes
+        return 2 * grown >= max(_CATCH_UP, _CATCH_UP_SHARE * self._saved_nodes)
+
+    def saving(self) -> tuple[GraphLinks, _I64, _U64]:
+        """What a save writes, as of now: the graph's links, each node's label (a
+        tombstone's too) and fingerprint. Counts as saved."""
+        labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        prints = np.zeros(labels.shape[0], dtype=np.uint64)
+        known = (labels >= 0) & (labels < self._prints.shape[0])
+        prints[known] = self._prints[labels[known]]
+        self._saved_nodes = labels.shape[0]
+        return GraphLinks.of(self._index), labels, prints
+
+    def _note_prints(self, labels: _I64, prints: _U64) -> None:
+        """Keep the fingerprints of labels (the table grows as labels do)."""
+        if labels.size == 0:
+            return
+        needed = int(labels.max()) + 1
+        if needed > self._prints.shape[0]:
+            grown = np.zeros(max(needed, 2 * self._prints.shape[0]), dtype=np.uint64)
+            grown[: self._prints.shape[0]] = self._prints
+            self._prints = grown
+        self._prints[labels] = prints
 
     def abandon(self) -> None:
         """A build will not be installed: stop noting changes for it."""
