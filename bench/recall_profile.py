@@ -44,7 +44,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("heat effects (compute)", ("recall_effects",)),
     ("heat effects (write)", ("changes.py", "MemoryStore.write", "recall_log.py")),
     ("dense search", ("ChannelIndex.dense", "ChannelIndex.similarities")),
-    ("lexical search", ("LexicalIndex.search", "LexicalIndex.score_docs", "best_possible")),
+    ("lexical search", ("LexicalIndex.match", "Match.top", "Match.scores", "Match.overlap")),
     ("candidate scoring", ("rank_channel",)),
     ("recall, other engine work", ("MemoryEngine.recall",)),
     ("events and triggers", ("/triggers/", "server/events.py")),

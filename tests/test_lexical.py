@@ -210,13 +210,23 @@ def test_keyword_overlap_without_terms() -> None:
 def test_overlap_reads_the_index_like_keyword_overlap() -> None:
     index = LexicalIndex()
     index.add(1, "The nightly build failed with error code E4021.")
-    terms = tokenize("error E4021 in the build pipeline")
-    assert index.overlap(terms, 1) == keyword_overlap(
-        terms, "The nightly build failed with error code E4021."
+    query = "error E4021 in the build pipeline"
+    overlap = index.match(query).overlap(np.array([1, 2, 99]))
+    assert overlap[0] == keyword_overlap(
+        tokenize(query), "The nightly build failed with error code E4021."
     )
-    assert index.overlap(terms, 1) == 0.75
-    assert index.overlap(terms, 2) == 0.0
-    assert index.overlap([], 1) == 0.0
+    assert overlap.tolist() == [0.75, 0.0, 0.0]
+    assert index.match("the of and").overlap(np.array([1])).tolist() == [0.0]
+
+
+def test_the_ceiling_is_every_indexed_query_term_at_full_weight() -> None:
+    index = _index("deploy the server", "deploy again", "lunch")
+    match = index.match("deploy server nowhere")
+    ceiling = sum(
+        math.log(1 + (3 - n + 0.5) / (n + 0.5)) * 2.2 for n in (2, 1)
+    )  # deploy in 2 of 3, server in 1; "nowhere" is in none
+    assert match.ceiling == pytest.approx(ceiling)
+    assert match.scores(np.array([1, 2, 3])).max() < match.ceiling
 
 
 _WORDS = ["deploy", "server", "coffee", "berlin", "train", "keys", "blue", "the", "ran", "zz9"]
@@ -278,7 +288,6 @@ def test_the_index_agrees_with_the_formula_through_adds_and_removes(
     overlaps = match.overlap(np.arange(14))
     for doc_id in range(14):
         wanted = keyword_overlap(terms, texts[doc_id]) if doc_id in texts else 0.0
-        assert index.overlap(terms, doc_id) == pytest.approx(wanted)
         assert overlaps[doc_id] == pytest.approx(wanted)
 
 

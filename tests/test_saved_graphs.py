@@ -216,9 +216,7 @@ def test_a_channel_saves_its_grown_graph_in_the_background(tmp_path: Path) -> No
         time.sleep(0.01)
     assert first.links.size == 400 and first.sequence == 7
     with view.lock:
-        view.apply(
-            ChangeList("big", [AddMemory(record(i), vectors[i]) for i in range(400, 1_800)])
-        )
+        view.apply(ChangeList("big", [AddMemory(record(i), vectors[i]) for i in range(400, 1_800)]))
     while (grown := saved.load("big", "live")) is None or grown.links.size < 1_800:
         assert time.monotonic() < deadline, "the grown graph was not saved again"
         time.sleep(0.01)

@@ -256,18 +256,6 @@ class LexicalIndex:
             holds[dead] = 0
         return Match(scores, holds, ceiling, len(wanted))
 
-    def overlap(self, query_terms: Collection[str], doc_id: int) -> float:
-        """The fraction of distinct query terms the document holds (0 if it is not indexed).
-
-        The same measure as :func:`keyword_overlap`, read from the index instead of
-        re-tokenizing the text.
-        """
-        wanted = set(query_terms)
-        if not wanted or doc_id not in self:
-            return 0.0
-        held = {term for term in wanted if self._term_ids.get(term) in self._held_terms(doc_id)}
-        return len(held) / len(wanted)
-
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Find the documents that best match a query.
 
@@ -296,12 +284,6 @@ class LexicalIndex:
         """
         ids = np.fromiter(doc_ids, dtype=np.int64, count=len(doc_ids))
         return dict(zip(ids.tolist(), self.match(query).scores(ids).tolist(), strict=True))
-
-    def best_possible(self, query: str) -> float:
-        """The BM25 score no document can reach for this query: every indexed query term
-        at unbounded frequency. Dividing a score by it gives how fully, on 0..1, a
-        document matches the query's words, comparable across queries."""
-        return sum(weight for _, weight in self._query_terms(dict.fromkeys(tokenize(query))))
 
     def _held_terms(self, doc_id: int) -> array[int]:
         """The distinct term ids of a document, live or removed (not yet purged)."""
@@ -391,7 +373,8 @@ class Match:
         self._scores, self._holds, self._terms = scores, holds, terms
         self.ceiling = ceiling
         """The score no document can reach: every indexed query term at unbounded
-        frequency (see :meth:`LexicalIndex.best_possible`)."""
+        frequency. A score divided by it says how fully, on 0..1, a document matches the
+        query's words, comparable across queries."""
 
     def top(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The ``k`` best documents with a positive score, best first, equal scores by
