@@ -14,7 +14,6 @@ import pytest
 from calor.client import CalorClient
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
-from calor.server.config import ServerConfig
 from calor.server.engine.channel import Channel
 from calor.server.engine.graphs import GraphBuilds
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
@@ -22,7 +21,18 @@ from calor.server.recall.vectors import GraphLinks, VectorIndex, fingerprints
 from calor.server.storage.ops import AddMemory, ChangeList
 from calor.server.thermo.policy import ChannelPolicy
 from tests.conftest import ServerThread
-from tests.test_large_channels import DIM, NOW, clustered, exact_top, recall_at, record
+from tests.test_large_channels import (
+    DIM,
+    NOW,
+    clustered,
+    exact_top,
+    found,
+    graph_built,
+    locker_facts,
+    recall_at,
+    record,
+    small_threshold,
+)
 
 
 def built_graph(vectors: np.ndarray, ids: list[str]) -> SavedGraph:
@@ -124,14 +134,6 @@ def test_a_graph_that_no_longer_fits_is_not_adopted() -> None:
     assert not index.approximate
 
 
-def wait_for_graph(server: ServerThread, channel: str) -> None:
-    view = server.server.runtime.engine.channels.find(channel)
-    deadline = time.monotonic() + 30
-    while not view.index.vectors.approximate:
-        assert time.monotonic() < deadline, "the graph was not in place in time"
-        time.sleep(0.02)
-
-
 @pytest.mark.timeout(120)
 def test_after_a_restart_the_server_takes_the_saved_graph_end_to_end(
     embedder: OnnxEmbedder, tmp_path: Path
@@ -139,14 +141,12 @@ def test_after_a_restart_the_server_takes_the_saved_graph_end_to_end(
     """Through the real server and model: the graph built before the restart is the one
     searched after it (none is built), with a memory forgotten and one stored meanwhile
     caught up."""
-    colours = ["red", "blue", "green", "brass", "silver", "iron"] * 10
-    texts = [f"Fact number {i}: the {w} key opens locker {i * 7}." for i, w in enumerate(colours)]
-    config = ServerConfig(data_dir=tmp_path, host="127.0.0.1", port=0, approximate_above=40)
+    texts, config = locker_facts(), small_threshold(tmp_path)
     server = ServerThread(config, SystemClock(), lambda: embedder)
     try:
         with CalorClient(server.target, channel="big") as client:
             ids = client.store_many(texts)
-            wait_for_graph(server, "big")
+            graph_built(server, "big")
             deadline = time.monotonic() + 30
             while not list((tmp_path / "graphs").glob("*-live.npz")):
                 assert time.monotonic() < deadline, "the graph was not saved"
@@ -163,10 +163,9 @@ def test_after_a_restart_the_server_takes_the_saved_graph_end_to_end(
             view = again.server.runtime.engine.channels.find("big")
             assert view.index.vectors.approximate
             assert (graphs.restored, graphs.built) == (1, 0)
-            found = [h.memory.id for h in client.recall(texts[17], limit=60, peek=True).hits]
-            assert ids[17] not in found and ids[42] in found
-            top = client.recall(texts[42], limit=1, peek=True).hits[0].memory.id
-            assert top == ids[42]
+            near = found(client, texts[17], 60)
+            assert ids[17] not in near and ids[42] in near
+            assert found(client, texts[42], 1) == [ids[42]]
     finally:
         again.stop()
 
