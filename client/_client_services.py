@@ -207,11 +207,12 @@ class TriggerCalls(ClientBase):
 
         When the server ends the stream because the caller fell behind
         (RESOURCE_EXHAUSTED) or it is going away or cannot be reached
-        (UNAVAILABLE), the stream resubscribes by itself after the last event it
-        yielded, so nothing is lost or repeated. By default it keeps trying for as
-        long as the outage lasts, waiting 0.2 s doubling up to 10 s (less a random
-        share of up to half) between attempts; pass ``backoff`` to change that or to
-        give up after a number of failures in a row. Iterating blocks; close the
+        (UNAVAILABLE, or CANCELLED by a server that stopped), the stream resubscribes
+        by itself after the last event it yielded, so nothing is lost or repeated.
+        By default it keeps trying for as long as the outage lasts, waiting 0.2 s
+        doubling up to 10 s (less a random share of up to half) between attempts;
+        pass ``backoff`` to change that or to give up after a number of failures in
+        a row. Iterating blocks; close the
         stream (from any thread) or leave its ``with`` block to cancel the call.
 
         Example::
@@ -225,7 +226,8 @@ class TriggerCalls(ClientBase):
             kinds: Only these kinds: ``"on_store"``, ``"notify"``, ``"dream"``, …
             trigger_ids: Only events caused by these triggers.
             after_seq: Start after this sequence number (0: the oldest event kept).
-            resume: Resubscribe after RESOURCE_EXHAUSTED and UNAVAILABLE; with False
+            resume: Resubscribe after RESOURCE_EXHAUSTED, UNAVAILABLE and a server's
+                CANCELLED; with False
                 those are raised like any other error.
             from_oldest_retained: If retention dropped events after ``after_seq``,
                 start from the oldest event kept instead of raising

@@ -46,7 +46,12 @@ log = logging.getLogger("calor.client.subscribe")
 LAST_SEQ_KEY = "calor-last-seq"
 """The trailing metadata key in which the server names the last sequence it delivered."""
 
-_RESUMABLE = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
+# CANCELLED that reaches here came from the server's side (a server stopping cancels the
+# streams still open when its grace ends): a call this client cancels ends the stream
+# before it is asked to resume.
+_RESUMABLE = frozenset(
+    {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+)
 
 
 @dataclass(frozen=True)

@@ -397,6 +397,17 @@ def test_subscribe_resumes_after_resource_exhausted_without_loss_or_repeat() -> 
     assert events.closed
 
 
+@pytest.mark.usefixtures("no_waiting")
+def test_a_stream_the_server_cancels_is_resumed() -> None:
+    """A server that stops cancels the streams still open when its grace ends (a
+    resubscription that reached it while it was stopping): resume, nothing lost."""
+    cancelled = FakeRpcError(grpc.StatusCode.CANCELLED, "Received RST_STREAM with error code 8")
+    stub = FakeTriggerStub([([1, 2], cancelled), ((), cancelled), ([3], None)])
+    with _fake_client(stub) as client:
+        assert [e.seq for e in client.subscribe()] == [1, 2, 3]
+    assert [r.after_seq for r in stub.requests] == [0, 2, 2]
+
+
 def test_subscribe_gives_up_after_its_attempt_limit_in_a_row() -> None:
     down = FakeRpcError(UNAVAILABLE, "connection refused")
     stub = FakeTriggerStub([([7], down), *[((), down)] * 10])
