@@ -172,7 +172,11 @@ class Reader:
             self.error = error
 
     def take(self, count: int, timeout: float = 20.0) -> list[tpb.Event]:
-        return [self.events.get(timeout=timeout) for _ in range(count)]
+        try:
+            return [self.events.get(timeout=timeout) for _ in range(count)]
+        except queue.Empty:
+            ended = f"the stream ended: {self.error!r}"
+            raise AssertionError(f"no event in {timeout} s; {ended}") from None
 
     def join(self) -> None:
         self._thread.join(10)
