@@ -237,23 +237,12 @@ class VectorIndex:
         self._building = False
         removed = set(self._removed)
         added = [label for label in self._changed if label not in removed]
-        if build.graph is None or len(added) > max(_CATCH_UP, _CATCH_UP_SHARE * len(build.labels)):
+        if build.graph is None or build.prints is None or len(added) > _catch_up(build.labels.size):
             self._changed, self._removed = [], []
             return False
-        self._prints = np.zeros(0, dtype=np.uint64)
-        if build.prints is not None:
-            self._note_prints(build.labels, build.prints)
-        if added:
-            fresh = np.array(added, dtype=np.int64)
-            vectors = self.reconstruct_batch(fresh)
-            build.graph.add_with_ids(vectors, fresh)
-            self._note_prints(fresh, fingerprints(vectors))
         held = set(faiss.vector_to_array(build.graph.id_map).tolist())
-        self._index = build.graph
-        self._tombstones = removed & held
-        self._tombstone_cache = None
-        self._approximate = True
-        self._saved_nodes = len(build.labels)
+        fresh = np.array(added, dtype=np.int64)
+        self._search_through(build.graph, build.labels, build.prints, fresh, removed & held)
         self._changed, self._removed = [], []
         return True
 
@@ -278,24 +267,13 @@ class VectorIndex:
         held = faiss.vector_to_array(self._index.id_map).astype(np.int64)
         missing = np.setdiff1d(held, labels[alive])
         dead = np.flatnonzero(~alive)
-        if dead.size > _REBUILD_SHARE * links.size or missing.size > max(
-            _CATCH_UP, _CATCH_UP_SHARE * links.size
-        ):
+        if dead.size > _REBUILD_SHARE * links.size or missing.size > _catch_up(links.size):
             return False
         labels = labels.copy()
         labels[dead] = -2 - np.arange(dead.size)  # unique, and never a search result
         graph = links.join(vectors, labels)
-        self._prints = np.zeros(0, dtype=np.uint64)
-        self._note_prints(labels[alive], prints[alive])
-        if missing.size:
-            fresh = self.reconstruct_batch(missing)
-            graph.add_with_ids(fresh, missing)
-            self._note_prints(missing, fingerprints(fresh))
-        self._index = graph
-        self._tombstones = set(labels[dead].tolist())
-        self._tombstone_cache = None
-        self._approximate = True
-        self._saved_nodes = links.size
+        tombstones = set(labels[dead].tolist())
+        self._search_through(graph, labels[alive], prints[alive], missing, tombstones)
         return True
 
     def wants_save(self) -> bool:
@@ -304,7 +282,7 @@ class VectorIndex:
         if not self._approximate or self._building:
             return False
         grown = self._index.ntotal - self._saved_nodes
-        return 2 * grown >= max(_CATCH_UP, _CATCH_UP_SHARE * self._saved_nodes)
+        return 2 * grown >= _catch_up(self._saved_nodes)
 
     def saving(self) -> tuple[GraphLinks, _I64, _U64]:
         """What a save writes, as of now: the graph's links, each node's label (a
@@ -315,6 +293,24 @@ class VectorIndex:
         prints[known] = self._prints[labels[known]]
         self._saved_nodes = labels.shape[0]
         return GraphLinks.of(self._index), labels, prints
+
+    def _search_through(
+        self, graph: faiss.IndexIDMap2, labels: _I64, prints: _U64, add: _I64, tombstones: set[int]
+    ) -> None:
+        """Search through ``graph`` from now on: it holds ``labels`` (their fingerprints
+        ``prints``) and the ``tombstones`` searches skip; the vectors of ``add`` are
+        caught up into it first. It counts as saved at the size it came with."""
+        self._saved_nodes = graph.ntotal
+        self._prints = np.zeros(0, dtype=np.uint64)
+        self._note_prints(labels, prints)
+        if add.size:
+            vectors = self.reconstruct_batch(add)
+            graph.add_with_ids(vectors, add)
+            self._note_prints(add, fingerprints(vectors))
+        self._index = graph
+        self._tombstones = tombstones
+        self._tombstone_cache = None
+        self._approximate = True
 
     def _note_prints(self, labels: _I64, prints: _U64) -> None:
         """Keep the fingerprints of labels (the table grows as labels do)."""
@@ -331,6 +327,12 @@ class VectorIndex:
         """A build will not be installed: stop noting changes for it."""
         self._building = False
         self._changed, self._removed = [], []
+
+
+def _catch_up(nodes: int) -> float:
+    """How many arrivals a graph of ``nodes`` takes in when put in place (under the
+    channel's lock): past that it is built again instead."""
+    return max(_CATCH_UP, _CATCH_UP_SHARE * nodes)
 
 
 def _first(sims: _F32, labels: _I64, keep: npt.NDArray[np.bool_], k: int) -> tuple[_F32, _I64]:
