@@ -2,12 +2,15 @@
 
 Edges are undirected for spreading; each is kept in memory under both ends and in
 RocksDB once (see ``store.py``). A pair may be linked by several kinds at once.
+In memory the graph is packed (flat integer arrays per linked memory, not objects):
+a channel holds several edges per memory.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from calor.server.thermo.policy import ChannelPolicy
@@ -28,85 +31,179 @@ class Edge:
 
 
 class Graph:
-    """Adjacency of one channel's memories: id → neighbour → kind → weight.
+    """Adjacency of one channel's memories, packed: each linked memory has a slot, and a
+    slot's links are two flat arrays (neighbour slot and kind in one integer; weight).
 
-    Not thread-safe: the caller holds the channel's lock.
+    A memory without links holds no slot. Not thread-safe: the caller holds the
+    channel's lock.
     """
 
     def __init__(self) -> None:
-        # A pair's kinds table is one object under both ends.
-        self._adjacent: dict[str, dict[str, dict[str, float]]] = {}
+        self._slot_of: dict[str, int] = {}
+        self._id_at: list[str] = []  # slot → memory id ("" while free)
+        self._free: list[int] = []
+        self._ends: list[array[int]] = []  # slot → (neighbour slot << _KIND_BITS) | kind code
+        self._weights: list[array[float]] = []  # slot → weight of each entry of _ends
+        self._kind_names: list[str] = []
+        self._kind_codes: dict[str, int] = {}
 
     def add(self, a: str, b: str, kind: str, weight: float) -> Edge:
         """Link two memories (a second link of the same kind keeps the larger weight)."""
-        # Both ends share one kinds table and one copy of each id (edges are read back
-        # from keys, each a fresh string): a channel holds several edges per memory.
-        a, b = sys.intern(a), sys.intern(b)
-        kinds = self._adjacent.get(a, {}).get(b)
-        if kinds is None:
-            kinds = {}
-            self._adjacent.setdefault(a, {})[b] = kinds
-            self._adjacent.setdefault(b, {})[a] = kinds
-        kinds[kind] = max(weight, kinds.get(kind, weight))
-        return Edge(a, b, kind, kinds[kind])
+        code = self._kind_code(kind)
+        here, there = self._take_slot(a), self._take_slot(b)
+        forth, back = (there << _KIND_BITS) | code, (here << _KIND_BITS) | code
+        at = _find(self._ends[here], forth)
+        if at >= 0:
+            weight = max(weight, self._weights[here][at])
+            self._weights[here][at] = weight
+            if here != there:
+                self._weights[there][_find(self._ends[there], back)] = weight
+        else:
+            self._ends[here].append(forth)
+            self._weights[here].append(weight)
+            if here != there:
+                self._ends[there].append(back)
+                self._weights[there].append(weight)
+        return Edge(self._id_at[here], self._id_at[there], kind, weight)
 
     def remove(self, memory_id: str) -> list[Edge]:
         """Drop a memory and every edge touching it; returns the edges dropped."""
-        dropped: list[Edge] = []
-        for other, kinds in self._adjacent.pop(memory_id, {}).items():
-            back = self._adjacent.get(other, {})
-            back.pop(memory_id, None)
-            if not back:
-                self._adjacent.pop(other, None)
-            dropped.extend(Edge(memory_id, other, k, w) for k, w in kinds.items())
+        here = self._slot_of.get(memory_id)
+        if here is None:
+            return []
+        dropped = [Edge(memory_id, *link) for link in self._links(here)]
+        for entry in self._ends[here]:
+            there = entry >> _KIND_BITS
+            if there != here:
+                self._drop_entry(there, (here << _KIND_BITS) | (entry & _KIND_MASK))
+        self._release(here)
         return dropped
 
     def unlink(self, a: str, b: str, kind: str) -> None:
         """Drop the edge of one kind between two memories, if there is one."""
-        for here, there in ((a, b), (b, a)):
-            kinds = self._adjacent.get(here, {}).get(there)
-            if kinds is None:
-                continue
-            kinds.pop(kind, None)
-            if not kinds:
-                del self._adjacent[here][there]
-                if not self._adjacent[here]:
-                    del self._adjacent[here]
+        here, there = self._slot_of.get(a), self._slot_of.get(b)
+        code = self._kind_codes.get(kind)
+        if here is None or there is None or code is None:
+            return
+        self._drop_entry(here, (there << _KIND_BITS) | code)
+        if here != there:
+            self._drop_entry(there, (here << _KIND_BITS) | code)
 
     def weight(self, a: str, b: str, kind: str) -> float | None:
         """The weight of the edge of one kind between two memories, or None."""
-        return self._adjacent.get(a, {}).get(b, {}).get(kind)
+        here, there = self._slot_of.get(a), self._slot_of.get(b)
+        code = self._kind_codes.get(kind)
+        if here is None or there is None or code is None:
+            return None
+        at = _find(self._ends[here], (there << _KIND_BITS) | code)
+        return None if at < 0 else self._weights[here][at]
 
     def neighbours(self, memory_id: str) -> Iterable[str]:
         """The memories linked to this one."""
-        return self._adjacent.get(memory_id, {}).keys()
+        here = self._slot_of.get(memory_id)
+        if here is None:
+            return ()
+        return [self._id_at[slot] for slot in self._neighbour_slots(here)]
 
     def within(self, sources: Iterable[str], hops: int) -> set[str]:
         """The memories at most ``hops`` links away from any of the sources (sources
         excluded)."""
-        seen = set(sources)
-        frontier = list(seen)
+        starts = {self._slot_of[s] for s in sources if s in self._slot_of}
+        seen = set(starts)
+        frontier = list(starts)
         for _ in range(hops):
-            step: list[str] = []
+            step: list[int] = []
             for node in frontier:
-                for other in self._adjacent.get(node, {}):
+                for other in self._neighbour_slots(node):
                     if other not in seen:
                         seen.add(other)
                         step.append(other)
             frontier = step
-        return seen.difference(sources)
+        return {self._id_at[slot] for slot in seen.difference(starts)}
 
     def edges(self, memory_id: str) -> list[Edge]:
         """Every edge of a memory, as seen from it, in a stable order."""
-        return [
-            Edge(memory_id, other, kind, weight)
-            for other, kinds in sorted(self._adjacent.get(memory_id, {}).items())
-            for kind, weight in sorted(kinds.items())
-        ]
+        here = self._slot_of.get(memory_id)
+        if here is None:
+            return []
+        return [Edge(memory_id, *link) for link in sorted(self._links(here))]
 
     def kinds(self, a: str, b: str) -> frozenset[str]:
         """The kinds of the edges between two memories."""
-        return frozenset(self._adjacent.get(a, {}).get(b, {}))
+        here, there = self._slot_of.get(a), self._slot_of.get(b)
+        if here is None or there is None:
+            return frozenset()
+        return frozenset(
+            self._kind_names[entry & _KIND_MASK]
+            for entry in self._ends[here]
+            if entry >> _KIND_BITS == there
+        )
+
+    # --- slots ---------------------------------------------------------------------
+
+    def _links(self, here: int) -> Iterator[tuple[str, str, float]]:
+        """A slot's links as (other memory, kind, weight), in the order they were made."""
+        for entry, weight in zip(self._ends[here], self._weights[here], strict=True):
+            yield self._id_at[entry >> _KIND_BITS], self._kind_names[entry & _KIND_MASK], weight
+
+    def _neighbour_slots(self, here: int) -> list[int]:
+        """A slot's neighbours, each once, in the order they were first linked."""
+        return list(dict.fromkeys(entry >> _KIND_BITS for entry in self._ends[here]))
+
+    def _kind_code(self, kind: str) -> int:
+        code = self._kind_codes.get(kind)
+        if code is None:
+            if len(self._kind_names) > _KIND_MASK:
+                raise ValueError(f"more than {_KIND_MASK + 1} edge kinds in one graph")
+            code = self._kind_codes[kind] = len(self._kind_names)
+            self._kind_names.append(sys.intern(kind))
+        return code
+
+    def _take_slot(self, memory_id: str) -> int:
+        """The memory's slot, given one if it has none."""
+        slot = self._slot_of.get(memory_id)
+        if slot is not None:
+            return slot
+        memory_id = sys.intern(memory_id)  # one copy of each id (edges read from keys)
+        if self._free:
+            slot = self._free.pop()
+            self._id_at[slot] = memory_id
+        else:
+            slot = len(self._id_at)
+            self._id_at.append(memory_id)
+            self._ends.append(array("q"))
+            self._weights.append(array("d"))
+        self._slot_of[memory_id] = slot
+        return slot
+
+    def _drop_entry(self, slot: int, entry: int) -> None:
+        """Drop one entry of a slot's links; the slot is freed once it has none."""
+        at = _find(self._ends[slot], entry)
+        if at < 0:
+            return
+        del self._ends[slot][at]
+        del self._weights[slot][at]
+        if not self._ends[slot]:
+            self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        del self._slot_of[self._id_at[slot]]
+        self._id_at[slot] = ""
+        self._ends[slot] = array("q")
+        self._weights[slot] = array("d")
+        self._free.append(slot)
+
+
+_KIND_BITS = 4
+_KIND_MASK = (1 << _KIND_BITS) - 1
+
+
+def _find(entries: array[int], entry: int) -> int:
+    """Where an entry sits in a slot's links, or -1."""
+    try:
+        return entries.index(entry)
+    except ValueError:
+        return -1
 
 
 @dataclass(frozen=True)
