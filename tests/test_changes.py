@@ -107,9 +107,14 @@ def test_a_store_whose_commit_failed_leaves_no_trace_that_later_stores_link_to(
     assert sorted(channel.entity_members["zorblax"]) == sorted([first, third])
 
 
+@pytest.mark.parametrize("kept", [None, 1], ids=["records-kept", "records-read-back"])
 def test_the_live_view_is_what_a_restart_rebuilds_from_rocksdb(
-    embedder: OnnxEmbedder, opened: MemoryStore
+    embedder: OnnxEmbedder, opened: MemoryStore, monkeypatch: pytest.MonkeyPatch, kept: int | None
 ) -> None:
+    """Also when the view keeps one full record and reads the others back from RocksDB:
+    what a change replaces (entities a memory named) is what it was before the write."""
+    if kept is not None:
+        monkeypatch.setattr("calor.server.engine.states.RECORDS_CACHED", kept)
     clock = ManualClock(START)
     engine = MemoryEngine.open(opened, clock, ChannelPolicy())
     ids = put(

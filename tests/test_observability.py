@@ -392,18 +392,39 @@ def test_counts_follow_decay_that_no_read_has_written_yet(
     assert value(scrape(server.server.metrics_port), "calor_memory_records", state="cold") == 1
 
 
-def test_a_record_table_counts_states_as_records_come_and_go() -> None:
-    def record(memory_id: str, state: str = "active") -> MemoryRecord:
-        return MemoryRecord(memory_id, "c", "text", "fact", 0.0, 0.0, 1.0, 0.0, state=state)
+def _record(memory_id: str, state: str = "active") -> MemoryRecord:
+    return MemoryRecord(memory_id, "c", "text", "fact", 0.0, 0.0, 1.0, 0.0, state=state)
 
+
+def test_a_record_table_counts_states_as_records_come_and_go() -> None:
     table = RecordTable()
-    table["a"], table["b"] = record("a"), record("b")
-    table["a"] = record("a", "deleted")
+    table["a"], table["b"] = _record("a"), _record("b")
+    table["a"] = _record("a", "deleted")
     assert table.by_state == {"active": 1, "deleted": 1}
-    table.pop("b")
-    table.update({"c": record("c", "cold")})
-    assert table.by_state == {"deleted": 1, "cold": 1}
-    del table["a"]
-    assert table.by_state == {"cold": 1} and list(table) == ["c"]
+    table["c"] = _record("c", "cold")
+    assert table.by_state == {"active": 1, "deleted": 1, "cold": 1}
+    assert list(table) == ["a", "b", "c"] and table.ids_in(["cold", "active"]) == ["b", "c"]
     table.clear()
     assert table.by_state == {} and not table
+
+
+def test_a_record_table_with_a_reader_keeps_the_recent_records_and_reads_the_rest() -> None:
+    stored = {i: _record(i, "cold" if i == "e" else "active") for i in "abcde"}
+    reads: list[str] = []
+
+    def reader(memory_id: str) -> MemoryRecord | None:
+        reads.append(memory_id)
+        return stored.get(memory_id)
+
+    table = RecordTable(reader=reader, cached=2)
+    for memory_id, record in stored.items():
+        table[memory_id] = record
+    assert len(table) == 5 and table.by_state == {"active": 4, "cold": 1} and not reads
+    assert table["a"] == stored["a"] and reads == ["a"], "a record not kept is read back"
+    assert table["a"] is table["a"] and reads == ["a"], "then kept, as the latest used"
+    assert table.state("b") == "active" and reads == ["a"], "a state needs no read"
+    assert table.get("z") is None and "z" not in table and reads == ["a"], "nor does a stranger"
+    assert [r.id for r in table.values()] == list("abcde")
+    table.clear()
+    reads.clear()
+    assert table.get("a") is None and not reads, "a dropped channel reads nothing more"

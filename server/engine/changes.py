@@ -210,11 +210,26 @@ def commit(store: MemoryStore, changes: Sequence[Changes]) -> list[EventRecord]:
         for n, op in enumerate(change.ops):
             if isinstance(op, PutMemory) and op.vector is None and view.needs_vector(op.record):
                 change.ops[n] = PutMemory(op.record, store.get_vector(change.name, op.record.id))
+    replaced = [_replaced(change) for change in changes]
     events = store.write([change.as_list() for change in changes])
-    for change in changes:
+    for change, before in zip(changes, replaced, strict=True):
         if change.channel is not None:
-            change.channel.apply(change.as_list())
+            change.channel.apply(change.as_list(), before)
     return events
+
+
+def _replaced(change: Changes) -> dict[str, MemoryRecord]:
+    """The records a change puts or forgets, as its view holds them before it is written."""
+    view = change.channel
+    found: dict[str, MemoryRecord] = {}
+    if view is None:
+        return found
+    for op in change.ops:
+        if isinstance(op, PutMemory | Forget) and op.record.id not in found:
+            before = view.records.get(op.record.id)
+            if before is not None:
+                found[op.record.id] = before
+    return found
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,8 +182,12 @@ class Channel:
 
     # --- the one way the view changes --------------------------------------------
 
-    def apply(self, change: ChangeList) -> None:
-        """Apply a change list that is durable already to the view."""
+    def apply(self, change: ChangeList, replaced: Mapping[str, MemoryRecord] | None = None) -> None:
+        """Apply a change list that is durable already to the view. ``replaced``: the
+        records its puts and forgets replace, as they were before it was written (the
+        table may read records it does not keep from the store, which holds the new
+        ones by now); without it they are read from the table."""
+        before = dict(replaced or {})
         for op in change.ops:  # the channel's clocks first: indexing reads them
             if isinstance(op, SetState):
                 if op.state.sweeps > self.state.sweeps:
@@ -202,13 +206,14 @@ class Channel:
                 if any(r.id == op.record.id for r, _ in new):
                     self._index_new(new)
                     new = []
+                replacing = before.pop(op.record.id, None) or self.records.get(op.record.id)
                 if isinstance(op, PutMemory):
                     arriving = op.vector is not None or op.record.id not in self.index
-                    self._put(op.record, op.vector)
+                    self._put(op.record, op.vector, replacing)
                     if arriving and op.record.id in self.index:
                         self.arrivals += 1  # a new text, or back from the attic or a merge
                 else:
-                    self._forget(op.record)
+                    self._forget(op.record, replacing)
             else:
                 if isinstance(op, SetPolicy):
                     self.arrivals += 1
@@ -279,8 +284,9 @@ class Channel:
             self.last_in_session[record.session] = (record.id, record.created_at)
         self._schedule(record)
 
-    def _put(self, record: MemoryRecord, vector: np.ndarray | None) -> None:
-        before = self.records.get(record.id)
+    def _put(
+        self, record: MemoryRecord, vector: np.ndarray | None, before: MemoryRecord | None
+    ) -> None:
         self.records[record.id] = record
         self._name_entities(record, before)
         target = self._index_for(record)
@@ -294,8 +300,7 @@ class Channel:
             target.refresh(record)
         self._schedule(record)
 
-    def _forget(self, tombstone: MemoryRecord) -> None:
-        before = self.records.get(tombstone.id)
+    def _forget(self, tombstone: MemoryRecord, before: MemoryRecord | None) -> None:
         self.records[tombstone.id] = tombstone
         self._name_entities(tombstone, before)
         self.index.remove(tombstone.id)

@@ -36,13 +36,13 @@ from calor.models.entities import entity_key, extract_entities
 from calor.server.commands import RecallQuery
 from calor.server.engine.cards import (
     CARD_SIZE,
-    PROFILE_TYPES,
     Distinct,
     EntityCards,
     day,
     one_line,
 )
 from calor.server.engine.channel import Channel
+from calor.server.engine.hottest import HOT_POOL, ranked, ranked_all
 from calor.server.engine.results import Current
 from calor.server.engine.reuse import ReuseKey, ReuseWindow
 from calor.server.recall.ranking import Hit, band, rank_channel
@@ -73,8 +73,6 @@ _HEADERS = ("## Profile", "## Relevant", "## Related", "## Recently active")
 _LIVE = frozenset({ACTIVE, COLD})
 _RECENCY_HALF_LIFE = 7 * 86_400.0  # seconds since a memory was made for recency to halve
 _LINE_TOKENS = 20  # a line's tokens, about: how many semantic hits a budget can use
-_HOT_POOL = 50  # most of the hottest memories considered
-_PROFILE_POOL = 400  # profile memories ranked: core ones, then the hottest
 _NEIGHBOUR_SEEDS = 3  # the best semantic hits whose neighbours join the entities' own
 _NEIGHBOURS = 50  # most graph neighbours considered
 _HEATS_FRESH = 60.0  # seconds between full heat rankings of a channel
@@ -227,7 +225,7 @@ class ContextBuilder:
         semantic = [h.record.id for h in hits[:lines] if h.band != "low"]
         heats = self._heat_ranking(channel, clocks)
         named = self._named(channel, query.message)
-        find(heats.hottest[: min(_HOT_POOL, lines)], "hot")
+        find(heats.hottest[: min(HOT_POOL, lines)], "hot")
         find(_neighbours(channel, [*named, *semantic[:_NEIGHBOUR_SEEDS]]), "neighbour")
         find(named, "entity")
         find(semantic, "semantic")
@@ -269,12 +267,12 @@ class ContextBuilder:
             return cached
         changed = channel.touched_since(cached.revision) if cached is not None and fresh else None
         if cached is not None and changed is not None:
-            hottest = _ranked(channel, clocks, [*cached.hottest, *changed])
-            profile = _ranked(channel, clocks, [*cached.profile, *changed], profile=True)
+            hottest = ranked(channel, clocks, [*cached.hottest, *changed])
+            profile = ranked(channel, clocks, [*cached.profile, *changed], profile=True)
             at = cached.at
         else:
-            hottest = _ranked(channel, clocks, channel.records)
-            profile = _ranked(channel, clocks, channel.records, profile=True)
+            hottest = ranked_all(channel, clocks)
+            profile = ranked_all(channel, clocks, profile=True)
             at = clocks.now
         ranking = _Heats(channel.revision, at, channel.policy, hottest, profile)
         with self._lock:
@@ -378,27 +376,6 @@ class ContextBuilder:
 def _reuse_key(channel: Channel, query: ContextQuery, max_nodes: int) -> ReuseKey:
     """What makes two Context requests the same request."""
     return (channel.name, query.message, query.token_budget, max_nodes, query.max_chars)
-
-
-def _ranked(
-    channel: Channel, clocks: Clocks, ids: Iterable[str], profile: bool = False
-) -> list[str]:
-    """The hottest live memories among ``ids`` (of the profile: core ones first), at most
-    as many as a block considers."""
-    policy, records = channel.policy, channel.records
-    heat: dict[str, float] = {}
-    for memory_id in ids:
-        record = records.get(memory_id)
-        if record is None or record.state not in _LIVE or memory_id in heat:
-            continue
-        if profile and record.memory_type not in PROFILE_TYPES:
-            continue
-        heat[memory_id] = current_heat(record, policy, clocks)
-    if not profile:
-        return heapq.nsmallest(_HOT_POOL, heat, key=lambda i: (-heat[i], i))
-    return heapq.nsmallest(
-        _PROFILE_POOL, heat, key=lambda i: (records[i].memory_type != "core", -heat[i], i)
-    )
 
 
 def _neighbours(channel: Channel, seeds: list[str]) -> list[str]:

@@ -153,7 +153,7 @@ class Dreamer:
 
     def _scope(self, channel: Channel, cold_only: bool) -> list[str]:
         wanted = frozenset({COLD}) if cold_only else _LIVE
-        return sorted(i for i, r in channel.records.items() if r.state in wanted)
+        return sorted(channel.records.ids_in(wanted))
 
     def _contradictions(
         self, channel: Channel, pairs: dict[tuple[str, str], float], policy: ChannelPolicy
@@ -290,13 +290,11 @@ class Dreamer:
         return keystoned, promoted
 
     def _ghosts(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> tuple[int, int]:
-        ghosts = [r for r in channel.records.values() if r.state == GHOST]
+        ghosts = [channel.records[i] for i in channel.records.ids_in([GHOST])]
         echoes: set[tuple[str, str]] = set()
         for ghost in ghosts:
             live = sorted(
-                n
-                for n in channel.graph.neighbours(ghost.id)
-                if channel.records.get(n) is not None and channel.records[n].state in _LIVE
+                n for n in channel.graph.neighbours(ghost.id) if channel.records.state(n) in _LIVE
             )
             for i, a in enumerate(live):
                 for b in live[i + 1 :]:

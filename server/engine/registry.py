@@ -3,6 +3,7 @@ read-only queries over the views."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from calor.server.engine.channel import Channel
 from calor.server.engine.due import DueChannels
 from calor.server.engine.graphs import GraphBuilds
 from calor.server.engine.results import ChannelStatus, Current
+from calor.server.engine.states import RecordTable
 from calor.server.errors import NotFoundError
 from calor.server.recall.graph_files import GraphFiles
 from calor.server.records import DELETED, MemoryRecord
@@ -207,6 +209,7 @@ class ChannelRegistry:
             self._store.dim,
             self._default_policy,
             self._clock,
+            records=RecordTable(reader=functools.partial(self._store.record, name)),
             approximate_above=self._approximate_above,
         )
         channel.on_due = self.due.note

@@ -1,78 +1,117 @@
-"""How many of a channel's memories are in each state, kept as the view changes, so that
-metrics and ``ServerStatus`` count without scanning a channel's memories."""
+"""A channel's records as its view holds them: every memory's stored state, counted per
+state as the view changes (so metrics and ``ServerStatus`` count without scanning a
+channel's memories), and the full records of the memories used most recently."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+import contextlib
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from calor.server.records import MemoryRecord
 from calor.server.thermo.lifecycle import Clocks, evolve
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["RecordTable", "states_now"]
+__all__ = ["RECORDS_CACHED", "RecordReader", "RecordTable", "states_now"]
 
-_MISSING: Any = object()
+RECORDS_CACHED = 4096
+"""Full records a channel keeps in memory, the most recently used; the rest are read
+from RocksDB when asked for."""
 
 
-class RecordTable(dict[str, MemoryRecord]):
-    """A channel's records by id that counts them per stored state (``by_state``) as
-    they are set and removed."""
+RecordReader = Callable[[str], MemoryRecord | None]
+"""Where a :class:`RecordTable` reads a record it does not keep: one channel's record by
+id as RocksDB holds it, or None."""
 
-    def __init__(self, records: Iterable[tuple[str, MemoryRecord]] = ()) -> None:
-        super().__init__()
+
+class RecordTable(Mapping[str, MemoryRecord]):
+    """A channel's records by id, with how many are in each stored state (``by_state``).
+
+    Every memory's id and stored state are held. Without a ``reader`` every full record
+    is too; with one, only the ``cached`` (default :data:`RECORDS_CACHED`) most recently
+    used, and the others are read
+    from the store when asked for (the store holds what the view holds: a change is
+    applied only once written). Records are replaced, never changed in place.
+    """
+
+    def __init__(
+        self,
+        records: Iterable[tuple[str, MemoryRecord]] = (),
+        reader: RecordReader | None = None,
+        cached: int | None = None,
+    ) -> None:
         self.by_state: Counter[str] = Counter()
+        self._states: dict[str, str] = {}
+        self._full: OrderedDict[str, MemoryRecord] = OrderedDict()
+        self._reader = reader
+        self._cached = RECORDS_CACHED if cached is None else cached
         for key, record in records:
             self[key] = record
 
-    def __setitem__(self, key: str, record: MemoryRecord) -> None:
-        before = self.get(key)
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, memory_id: object) -> bool:
+        return memory_id in self._states
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._states))  # a snapshot: the view may change meanwhile
+
+    def __bool__(self) -> bool:
+        return bool(self._states)
+
+    def __getitem__(self, memory_id: str) -> MemoryRecord:
+        """A memory's record, read from the store if not kept."""
+        record = self._full.get(memory_id)
+        if record is not None:
+            if self._reader is not None:
+                with contextlib.suppress(KeyError):  # a reader without the lock raced a put
+                    self._full.move_to_end(memory_id)
+            return record
+        if self._reader is None or memory_id not in self._states:
+            raise KeyError(memory_id)
+        record = self._reader(memory_id)
+        if record is None:
+            raise KeyError(memory_id)
+        self._keep(memory_id, record)
+        return record
+
+    def state(self, memory_id: str) -> str | None:
+        """A memory's stored state, without reading its record."""
+        return self._states.get(memory_id)
+
+    def ids_in(self, states: Iterable[str]) -> list[str]:
+        """The ids of the memories whose stored state is one of ``states``, in the order
+        they came."""
+        wanted = frozenset(states)
+        return [memory_id for memory_id, state in self._states.items() if state in wanted]
+
+    def __setitem__(self, memory_id: str, record: MemoryRecord) -> None:
+        before = self._states.get(memory_id)
         if before is not None:
             self._uncount(before)
-        super().__setitem__(key, record)
+        self._states[memory_id] = record.state
         self.by_state[record.state] += 1
-
-    def __delitem__(self, key: str) -> None:
-        record = self[key]
-        super().__delitem__(key)
-        self._uncount(record)
-
-    def pop(self, key: str, default: Any = _MISSING) -> Any:
-        if key in self:
-            record = self[key]
-            del self[key]
-            return record
-        if default is _MISSING:
-            raise KeyError(key)
-        return default
-
-    def popitem(self) -> tuple[str, MemoryRecord]:
-        key, record = super().popitem()
-        self._uncount(record)
-        return key, record
+        self._keep(memory_id, record)
 
     def clear(self) -> None:
-        super().clear()
+        """Forget every memory (a dropped channel): nothing is read from the store again."""
+        self._states.clear()
+        self._full.clear()
         self.by_state.clear()
+        self._reader = None
 
-    def setdefault(self, key: str, default: MemoryRecord) -> MemoryRecord:
-        if key not in self:
-            self[key] = default
-        return self[key]
+    def _keep(self, memory_id: str, record: MemoryRecord) -> None:
+        self._full[memory_id] = record
+        if self._reader is not None:
+            self._full.move_to_end(memory_id)
+            while len(self._full) > self._cached:
+                self._full.popitem(last=False)
 
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, record in dict(*args, **kwargs).items():
-            self[key] = record
-
-    def __ior__(self, other: Any) -> RecordTable:  # type: ignore[override,misc]
-        self.update(other)
-        return self
-
-    def _uncount(self, record: MemoryRecord) -> None:
-        self.by_state[record.state] -= 1
-        if self.by_state[record.state] <= 0:
-            del self.by_state[record.state]
+    def _uncount(self, state: str) -> None:
+        self.by_state[state] -= 1
+        if self.by_state[state] <= 0:
+            del self.by_state[state]
 
 
 def states_now(

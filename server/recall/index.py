@@ -85,6 +85,12 @@ class ChannelIndex:
         self.lexical.remove(label)
         return True
 
+    def members(self) -> tuple[list[str], np.ndarray]:
+        """Every indexed memory: (ids, labels), in the same order."""
+        return list(self._label_of), np.fromiter(
+            self._label_of.values(), dtype=np.int64, count=len(self._label_of)
+        )
+
     def memory_id(self, label: int) -> str:
         """The memory id behind a label."""
         return self._id_of[label]

@@ -1,0 +1,89 @@
+"""A channel's hottest memories, and its profile (core memories, then the hottest of the
+types that say who the user is): what a Context block shows beside what it found."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+import numpy as np
+
+from calor.server.engine.cards import PROFILE_TYPES
+from calor.server.engine.channel import Channel
+from calor.server.recall.columns import (
+    ACTIVE_CODE,
+    COLD_CODE,
+    heats_and_states,
+    needs_record,
+    type_code,
+)
+from calor.server.records import ACTIVE, COLD
+from calor.server.thermo.lifecycle import Clocks, current_heat
+
+__all__ = ["HOT_POOL", "PROFILE_POOL", "ranked", "ranked_all"]
+
+HOT_POOL = 50
+"""Most of the hottest memories ranked."""
+PROFILE_POOL = 400
+"""Profile memories ranked: core ones, then the hottest."""
+
+_LIVE = frozenset({ACTIVE, COLD})
+_PROFILE_CODES = [type_code(name) for name in sorted(PROFILE_TYPES)]
+_CORE_CODE = type_code("core")
+
+
+def ranked(
+    channel: Channel, clocks: Clocks, ids: Iterable[str], profile: bool = False
+) -> list[str]:
+    """The hottest live memories among ``ids`` (of the profile: core ones first), at most
+    as many as a block considers."""
+    policy, records = channel.policy, channel.records
+    heat: dict[str, float] = {}
+    for memory_id in ids:
+        record = records.get(memory_id)
+        if record is None or record.state not in _LIVE or memory_id in heat:
+            continue
+        if profile and record.memory_type not in PROFILE_TYPES:
+            continue
+        heat[memory_id] = current_heat(record, policy, clocks)
+    if not profile:
+        return heapq.nsmallest(HOT_POOL, heat, key=lambda i: (-heat[i], i))
+    return heapq.nsmallest(
+        PROFILE_POOL, heat, key=lambda i: (records[i].memory_type != "core", -heat[i], i)
+    )
+
+
+def ranked_all(channel: Channel, clocks: Clocks, profile: bool = False) -> list[str]:
+    """:func:`ranked` over every live memory of the channel, from the live index's columns
+    in bulk: only the memories that may make the list (and those the bulk formula does
+    not cover) are ranked from their records."""
+    ids, labels = channel.index.members()
+    if not ids:
+        return []
+    batch = channel.index.columns.batch(labels)
+    heats, _ = heats_and_states(batch, channel.policy, clocks)
+    wanted = np.isin(batch.state, (ACTIVE_CODE, COLD_CODE))
+    if profile:
+        wanted &= np.isin(batch.memory_type, _PROFILE_CODES)
+    odd = needs_record(batch)
+    bulk = wanted & ~odd
+    chosen = np.flatnonzero(wanted & odd)
+    if profile:
+        core = bulk & (batch.memory_type == _CORE_CODE)
+        chosen = np.concatenate([chosen, np.flatnonzero(core)])
+        bulk &= ~core
+    pool = PROFILE_POOL if profile else HOT_POOL
+    chosen = np.concatenate([chosen, _hottest(heats, bulk, pool)])
+    return ranked(channel, clocks, (ids[i] for i in chosen.tolist()), profile)
+
+
+def _hottest(heats: np.ndarray, rows: np.ndarray, pool: int) -> np.ndarray:
+    """The chosen rows whose heat reaches the ``pool``-th highest among them (ties kept,
+    so the final order by heat, then id, is the full ranking's)."""
+    candidates = np.flatnonzero(rows)
+    if candidates.size <= pool:
+        return candidates
+    values = heats[candidates]
+    least = np.partition(values, values.size - pool)[values.size - pool]
+    chosen: np.ndarray = candidates[values >= least]
+    return chosen
