@@ -67,7 +67,7 @@ class MemoryRecord:
         """The record as compact UTF-8 JSON."""
         # Every field is a JSON value already (no nested dataclasses): no asdict deep copy.
         values = dict(zip(_FIELDS, _values(self), strict=True))
-        return json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode()
+        return _ENCODER.encode(values).encode()
 
     def copy(self) -> MemoryRecord:
         """A shallow copy (tags and lists are replaced, never mutated in place)."""
@@ -81,6 +81,8 @@ class MemoryRecord:
             value = raw.get(name)
             if isinstance(value, str):
                 raw[name] = sys.intern(value)
+        if tuple(raw) == _FIELDS:  # as this version writes it: every field, in order
+            return cls(*raw.values())
         return cls(**{k: v for k, v in raw.items() if k in _KNOWN})
 
 
@@ -88,3 +90,4 @@ _FIELDS = tuple(f.name for f in fields(MemoryRecord))
 _KNOWN = frozenset(_FIELDS)
 _SHARED = ("id", "channel", "memory_type", "state", "source", "confidence", "session")
 _values = operator.attrgetter(*_FIELDS)  # every field's value, in declaration order
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)

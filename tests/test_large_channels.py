@@ -128,7 +128,10 @@ def test_a_channel_that_grows_past_the_threshold_gets_its_graph_in_the_backgroun
         top = view.index.memory_id(int(labels[0]))
         assert "m00007" not in {view.index.memory_id(int(label)) for label in labels}
         labels, sims = view.index.dense(vectors[123], 5)
-    assert view.index.memory_id(int(labels[0])) == "m00123" and sims[0] == pytest.approx(1.0)
+    # The graph holds 8-bit vectors: a memory's own vector scores within a hundredth of 1.
+    assert view.index.memory_id(int(labels[0])) == "m00123" and sims[0] == pytest.approx(
+        1.0, abs=0.01
+    )
     assert top != "m00007"
 
 

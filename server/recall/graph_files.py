@@ -30,7 +30,7 @@ __all__ = ["GraphFiles", "SavedGraph"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2  # 2: vectors 8-bit quantised (the ranges saved with the links)
 
 
 @dataclass
