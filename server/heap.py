@@ -1,4 +1,5 @@
-"""Keeps the cycle collector's full passes off other clients' latency.
+"""Keeps the cycle collector's full passes off other clients' latency, and gives freed
+memory back to the operating system after big builds.
 
 A full pass of Python's cycle collector walks every tracked object while holding the
 GIL: with a few thousand memories in the heap it takes 50 to 150 ms, and a big batch
@@ -7,16 +8,23 @@ their edges and their index entries hold no reference cycles (reference counting
 them when they go), so the objects that make up the loaded channels are moved out of
 the collector's view (:func:`gc.freeze`) once they are built, and no pass runs while a
 batch is being built.
+
+glibc's allocator keeps freed pages for reuse: after a channel's records are decoded
+at load, or an HNSW graph built from a snapshot of its vectors, the process would keep
+hundreds of megabytes it no longer uses (measured at 100,000 memories: 445 MB resident
+beyond the model, 236 MB once trimmed). :func:`release` hands them back.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["BULK_ITEMS", "bulk_build", "settle"]
+__all__ = ["BULK_ITEMS", "bulk_build", "release", "settle"]
 
 BULK_ITEMS = 256
 """A store of at least this many items is built as a bulk (see :func:`bulk_build`)."""
@@ -24,6 +32,28 @@ BULK_ITEMS = 256
 _lock = threading.Lock()
 _builds = 0
 _was_enabled = True
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_trim = _malloc_trim()
+
+
+def release() -> None:
+    """Give the heap memory freed so far back to the operating system (glibc; nothing
+    elsewhere). Other threads run meanwhile: the call lets go of the GIL."""
+    if _trim is not None:
+        _trim(0)
 
 
 def settle() -> None:
@@ -34,8 +64,8 @@ def settle() -> None:
 
 @contextmanager
 def bulk_build() -> Iterator[None]:
-    """No collector pass while the block builds a big batch; what it built is settled
-    when the last concurrent bulk build ends."""
+    """No collector pass while the block builds a big batch; what it built is settled,
+    and what it freed released, when the last concurrent bulk build ends."""
     global _builds, _was_enabled
     with _lock:
         if _builds == 0:
@@ -49,5 +79,6 @@ def bulk_build() -> Iterator[None]:
             _builds -= 1
             if _builds == 0:
                 settle()
+                release()
                 if _was_enabled:
                     gc.enable()

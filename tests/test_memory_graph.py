@@ -84,9 +84,7 @@ def test_the_packed_graph_agrees_with_a_plain_map(operations: list[tuple]) -> No
                     memory_id, {}
                 ).get(other, {}).get(kind)
     two_hops = {
-        far
-        for near in graph.neighbours("m0")
-        for far in [near, *graph.neighbours(near)]
+        far for near in graph.neighbours("m0") for far in [near, *graph.neighbours(near)]
     } - {"m0"}
     assert graph.within(["m0"], 2) == two_hops
 

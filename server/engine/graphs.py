@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from calor.server.engine.channel import Channel
+from calor.server.heap import release
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
 from calor.server.recall.index import ChannelIndex
 from calor.server.recall.vectors import GraphLinks
@@ -83,6 +84,7 @@ class GraphBuilds:
             saved = self._files.load(channel.name, kind)
             if saved is not None and index.restore(saved):
                 self.restored += 1
+                release()  # the exact index the graph replaced
                 log.info(
                     "channel %r: %d memories searched through its saved HNSW graph",
                     channel.name,
@@ -131,6 +133,7 @@ class GraphBuilds:
                 with channel.lock:  # a failed build leaves exact search in place
                     installed = index.vectors.install(build)
         self.built += 1
+        release()  # the snapshot's vectors, and the exact index the graph replaced
         log.info(
             "channel %r: %d memories searched through an HNSW graph",
             channel.name,

@@ -23,6 +23,7 @@ from calor.server.engine.graphs import GraphBuilds
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.engine.states import RecordTable
 from calor.server.errors import NotFoundError
+from calor.server.heap import BULK_ITEMS, release
 from calor.server.recall.graph_files import GraphFiles
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.ops import ChangeList, Link, OpenConflict, SetPolicy, SetState
@@ -187,6 +188,9 @@ class ChannelRegistry:
         with view.lock:  # a graph build the indexing asks for waits for the saved graphs
             view.index_all(entries)
             self.graphs.restore(view)
+        if len(entries) >= BULK_ITEMS:
+            del entries
+            release()  # the records decoded on the way, most of them no longer kept
         return view
 
     def channel(self, name: str) -> Channel:

@@ -39,8 +39,7 @@ class ChannelIndex:
         self.lexical = LexicalIndex()
         self.columns = RecordColumns()
         self._label_of: dict[str, int] = {}
-        self._id_of: dict[int, str] = {}
-        self._next_label = 0
+        self._id_at: list[str] = []  # by label, "" once removed (labels are handed out in order)
 
     def __len__(self) -> int:
         return len(self._label_of)
@@ -55,13 +54,13 @@ class ChannelIndex:
         for record in records:
             if record.id in self._label_of:
                 self.remove(record.id)
-        labels = np.arange(self._next_label, self._next_label + len(records), dtype=np.int64)
-        self._next_label += len(records)
+        first = len(self._id_at)
+        labels = np.arange(first, first + len(records), dtype=np.int64)
+        self._id_at.extend(record.id for record in records)
         matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(records), self.dim)
         self.vectors.add(labels, matrix)
         for label, record in zip(labels.tolist(), records, strict=True):
             self._label_of[record.id] = label
-            self._id_of[label] = record.id
             self.lexical.add(label, record.text)
             self.columns.set(label, record)
 
@@ -80,7 +79,7 @@ class ChannelIndex:
         label = self._label_of.pop(memory_id, None)
         if label is None:
             return False
-        del self._id_of[label]
+        self._id_at[label] = ""
         self.vectors.remove(label)
         self.lexical.remove(label)
         return True
@@ -93,11 +92,15 @@ class ChannelIndex:
 
     def memory_id(self, label: int) -> str:
         """The memory id behind a label."""
-        return self._id_of[label]
+        memory_id = self._id_at[label] if 0 <= label < len(self._id_at) else ""
+        if not memory_id:
+            raise KeyError(label)
+        return memory_id
 
     def memory_ids(self, labels: np.ndarray) -> list[str]:
         """The memory ids behind labels, in order; "" for a label no memory holds now."""
-        return [self._id_of.get(label, "") for label in labels.tolist()]
+        held = len(self._id_at)
+        return [self._id_at[label] if 0 <= label < held else "" for label in labels.tolist()]
 
     def restore(self, saved: SavedGraph) -> bool:
         """Search through a saved HNSW graph (see ``VectorIndex.adopt``); False if it does

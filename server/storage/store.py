@@ -77,6 +77,8 @@ from calor.server.storage.ops import (
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
+_WRITE_BUFFER_BYTES = 8 * 1024 * 1024
+
 _PAST_SEP = bytes([SEP[0] + 1])  # sorts after SEP: past one channel's keys of a family
 
 log = logging.getLogger("calor.server")
@@ -285,7 +287,12 @@ class MemoryStore:
         # because forgetting relies on them).
         options.set_wal_ttl_seconds(0)
         options.set_wal_size_limit_mb(0)
-        db = rocksdict.Rdict(str(path / "rocksdb"), options)
+        # Memtables of 8 MB (RocksDB's default, 64, held up to 128 MB of recent writes in
+        # memory whatever the store's size): flushed a little more often, in the background.
+        options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
+        # The column family's options said here (else an existing store keeps those it
+        # was made with: rocksdict reads them back from its OPTIONS file).
+        db = rocksdict.Rdict(str(path / "rocksdb"), options, column_families={"default": options})
         expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
         found = db.get(Keys.META)
         if found is None:

@@ -42,7 +42,8 @@ class Graph:
         self._slot_of: dict[str, int] = {}
         self._id_at: list[str] = []  # slot → memory id ("" while free)
         self._free: list[int] = []
-        self._ends: list[array[int]] = []  # slot → (neighbour slot << _KIND_BITS) | kind code
+        # slot → (neighbour slot << _KIND_BITS) | kind code, 32 bits: 2^28 slots
+        self._ends: list[array[int]] = []
         self._weights: list[array[float]] = []  # slot → weight of each entry of _ends
         self._kind_names: list[str] = []
         self._kind_codes: dict[str, int] = {}
@@ -171,7 +172,7 @@ class Graph:
         else:
             slot = len(self._id_at)
             self._id_at.append(memory_id)
-            self._ends.append(array("q"))
+            self._ends.append(array("I"))
             self._weights.append(array("d"))
         self._slot_of[memory_id] = slot
         return slot
@@ -189,7 +190,7 @@ class Graph:
     def _release(self, slot: int) -> None:
         del self._slot_of[self._id_at[slot]]
         self._id_at[slot] = ""
-        self._ends[slot] = array("q")
+        self._ends[slot] = array("I")
         self._weights[slot] = array("d")
         self._free.append(slot)
 

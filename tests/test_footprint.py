@@ -1,0 +1,56 @@
+"""What the server holds in memory stays in proportion: memory freed after big builds goes
+back to the operating system, and RocksDB's recent writes are held in small memtables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import rocksdict
+
+from calor.server import heap
+from calor.server.storage.keys import Keys
+from calor.server.storage.ops import ChangeList, PutKey
+from calor.server.storage.store import MemoryStore
+
+
+def resident_heap_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(heap._trim is None, reason="the C library has no malloc_trim")
+def test_freed_memory_scattered_through_the_heap_is_given_back() -> None:
+    """What a channel load leaves: many blocks freed, a few kept between them, so the
+    allocator cannot shrink its heap from the top and keeps the pages by itself."""
+    blocks = [bytes(2048) for _ in range(100_000)]  # about 200 MB, one malloc each
+    kept = blocks[::50]
+    del blocks
+    before = resident_heap_kb()
+    heap.release()
+    given_back_mb = (before - resident_heap_kb()) / 1024
+    assert given_back_mb > 100, f"only {given_back_mb:.0f} MB of about 195 freed went back"
+    assert len(kept) == 2_000
+
+
+def test_recent_writes_are_held_in_small_memtables_also_in_a_store_made_before(
+    tmp_path: Path,
+) -> None:
+    made = rocksdict.Options(raw_mode=True)  # RocksDB's defaults: 64 MB memtables
+    made.create_if_missing(True)
+    rocksdict.Rdict(str(tmp_path / "rocksdb"), made).close()
+    store = MemoryStore.open(tmp_path, model_id="m", dim=4)
+    try:
+        for batch in range(40):  # 40 MB of writes
+            ops = [
+                PutKey(Keys.CURSOR + b"%d:%d" % (batch, i), os.urandom(1024)) for i in range(1024)
+            ]
+            store.write([ChangeList("c", list(ops))])
+        held = int(store._db.property_value("rocksdb.cur-size-all-mem-tables"))
+        assert held <= 2 * 8 * 1024 * 1024, f"{held / 2**20:.0f} MB of writes held in memtables"
+    finally:
+        store.close()
