@@ -83,6 +83,16 @@ def test_the_packed_graph_agrees_with_a_plain_map(operations: list[tuple]) -> No
                 assert graph.weight(memory_id, other, kind) == plain.adjacent.get(
                     memory_id, {}
                 ).get(other, {}).get(kind)
+    stored = {  # each edge once, as the store keeps it
+        (min(a, b), max(a, b), kind, weight)
+        for a, neighbours in plain.adjacent.items()
+        for b, kinds in neighbours.items()
+        for kind, weight in kinds.items()
+    }
+    loaded = Graph()
+    loaded.load(sorted(stored))
+    for memory_id in IDS:
+        assert loaded.edges(memory_id) == graph.edges(memory_id), "loaded as it was built"
     two_hops = {
         far for near in graph.neighbours("m0") for far in [near, *graph.neighbours(near)]
     } - {"m0"}

@@ -12,7 +12,7 @@ import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -172,6 +172,10 @@ class Channel:
         self._name_entities(record, None)
         if record.session:
             self.last_in_session[record.session] = (record.id, record.created_at)
+
+    def link_all(self, edges: Iterable[tuple[str, str, str, float]]) -> None:
+        """Take in the stored edges, (a, b, kind, weight), each once."""
+        self.graph.load(edges)
 
     def index_all(self, entries: Sequence[tuple[MemoryRecord, np.ndarray]]) -> None:
         """Index stored memories with their embeddings, each where its state puts it."""

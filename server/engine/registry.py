@@ -26,7 +26,7 @@ from calor.server.errors import NotFoundError
 from calor.server.heap import BULK_ITEMS, release
 from calor.server.recall.graph_files import GraphFiles
 from calor.server.records import DELETED, MemoryRecord
-from calor.server.storage.ops import ChangeList, Link, OpenConflict, SetPolicy, SetState
+from calor.server.storage.ops import ChangeList, OpenConflict, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.lifecycle import crossing_at, current_heat
@@ -169,18 +169,19 @@ class ChannelRegistry:
         if state is not None:
             said.ops.append(SetState(ChannelState.from_json(state)))
         view.apply(said)
+        loaded: dict[str, MemoryRecord] = {}  # every record, while the view is built
         for record in self._store.records(name):
             view.remember(record)
+            loaded[record.id] = record
+        view.link_all(edge[1:] for edge in self._store.edges(name))
         said = ChangeList(name)
-        for _, a, b, kind, weight in self._store.edges(name):
-            said.ops.append(Link(a, b, kind, weight))
         for _, a, b, reason in self._store.conflicts(name):
             said.ops.append(OpenConflict(a, b, reason))
         view.apply(said)
         entries: list[tuple[MemoryRecord, np.ndarray]] = []
         orphans = Changes(name)
         for _, memory_id, vector in self._store.vectors(name):
-            known = view.records.get(memory_id)
+            known = loaded.get(memory_id)
             if known is not None:
                 entries.append((known, vector))
             elif self._store.record(name, memory_id) is None:
@@ -189,8 +190,8 @@ class ChannelRegistry:
         with view.lock:  # a graph build the indexing asks for waits for the saved graphs
             view.index_all(entries)
             self.graphs.restore(view)
-        if len(entries) >= BULK_ITEMS:
-            del entries
+        if len(loaded) >= BULK_ITEMS:
+            del loaded, entries
             release()  # the records decoded on the way, most of them no longer kept
         return view
 

@@ -78,6 +78,7 @@ from calor.server.storage.ops import (
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
 _WRITE_BUFFER_BYTES = 8 * 1024 * 1024
+_SEP_TEXT = SEP.decode()
 
 _PAST_SEP = bytes([SEP[0] + 1])  # sorts after SEP: past one channel's keys of a family
 
@@ -507,10 +508,16 @@ class MemoryStore:
 
     def edges(self, channel: str | None = None) -> Iterator[tuple[str, str, str, str, float]]:
         """Every stored edge, of one channel or of all, as (channel, a, b, kind, weight)."""
-        prefix = Keys.EDGES if channel is None else Keys.in_channel(Keys.EDGES, channel)
+        if channel is None:
+            for key, value in self._scan(Keys.EDGES):
+                owner, a, b, kind = split(key)
+                yield owner, a, b, kind, float(value)
+            return
+        prefix = Keys.in_channel(Keys.EDGES, channel)
+        start = len(prefix)  # one channel's: only the ids and kind decoded
         for key, value in self._scan(prefix):
-            owner, a, b, kind = split(key)
-            yield owner, a, b, kind, float(value)
+            a, b, kind = key[start:].decode().split(_SEP_TEXT)
+            yield channel, a, b, kind, float(value)
 
     def conflicts(self, channel: str | None = None) -> Iterator[tuple[str, str, str, str]]:
         """Every open conflict, of one channel or of all, as (channel, a, b, reason)."""

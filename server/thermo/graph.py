@@ -67,6 +67,19 @@ class Graph:
                 self._weights[there].append(weight)
         return Edge(self._id_at[here], self._id_at[there], kind, weight)
 
+    def load(self, edges: Iterable[tuple[str, str, str, float]]) -> None:
+        """Take in edges read back from the store, (a, b, kind, weight): each pair and
+        kind at most once, and none of them held already (a view being built)."""
+        ends, weights, take, code_of = self._ends, self._weights, self._take_slot, self._kind_code
+        for a, b, kind, weight in edges:
+            code = code_of(kind)
+            here, there = take(a), take(b)
+            ends[here].append((there << _KIND_BITS) | code)
+            weights[here].append(weight)
+            if here != there:
+                ends[there].append((here << _KIND_BITS) | code)
+                weights[there].append(weight)
+
     def remove(self, memory_id: str) -> list[Edge]:
         """Drop a memory and every edge touching it; returns the edges dropped."""
         here = self._slot_of.get(memory_id)
