@@ -94,6 +94,8 @@ def measure(data: Path, memories: int, queries: list[str]) -> dict[str, Any]:
         "memories": memories,
         "load_s": round(load_s, 2),
         "approximate": view.index.vectors.approximate,
+        "graph_restored": engine.channels.graphs.restored,
+        "graph_built": engine.channels.graphs.built,
         "kb_per_memory_loaded": round((loaded - before) / memories, 2),
         "kb_per_memory_after_recalls": round((recalled - before) / memories, 2),
         "non_peek_recalls": len(queries),
@@ -121,6 +123,8 @@ def main() -> int:
     print(f"  memories                          {result['memories']:>10,}")
     print(f"  load s (first use after start)    {result['load_s']:>10.2f}")
     print(f"  searched through a graph          {result['approximate']!s:>10}")
+    graphs = f"{result['graph_restored']} / {result['graph_built']}"
+    print(f"  graphs restored / built at load   {graphs:>10}")
     print(f"  KB per memory, loaded             {result['kb_per_memory_loaded']:>10.2f}")
     after = result["kb_per_memory_after_recalls"]
     print(f"  KB per memory, after {RECALLS} non-peek recalls {after:>6.2f}")

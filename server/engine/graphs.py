@@ -150,6 +150,8 @@ class GraphBuilds:
             ids = index.memory_ids(labels)
             sequence = self._sequence()
         self._save(channel.name, kind, SavedGraph(links, ids, prints, sequence))
+        del links, labels, prints, ids
+        release()  # the copies just written
 
     def _save(self, channel: str, kind: str, graph: SavedGraph) -> None:
         if self._files is None:
