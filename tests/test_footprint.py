@@ -54,3 +54,17 @@ def test_recent_writes_are_held_in_small_memtables_also_in_a_store_made_before(
         assert held <= 2 * 8 * 1024 * 1024, f"{held / 2**20:.0f} MB of writes held in memtables"
     finally:
         store.close()
+
+
+def test_a_write_bigger_than_a_memtable_is_not_left_in_memory(tmp_path: Path) -> None:
+    """A bulk store is one batch, which RocksDB takes whole into one memtable: it is
+    written to a table file at once rather than held until later writes fill it."""
+    store = MemoryStore.open(tmp_path, model_id="m", dim=4)
+    try:
+        ops = [PutKey(Keys.CURSOR + b"%d" % i, os.urandom(1024)) for i in range(20 * 1024)]
+        store.write([ChangeList("c", list(ops))])  # 20 MB in one batch
+        held = int(store._db.property_value("rocksdb.cur-size-all-mem-tables"))
+        assert held < 1024 * 1024, f"{held / 2**20:.0f} MB of one write held in memtables"
+        assert store.get(Keys.CURSOR + b"7") is not None, "and it is all there"
+    finally:
+        store.close()
