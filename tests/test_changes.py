@@ -17,6 +17,7 @@ from calor.server.clock import ManualClock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
 from calor.server.engine.channel import Channel
 from calor.server.engine.memory_engine import MemoryEngine
+from calor.server.engine.states import RecordTable
 from calor.server.errors import StoreMismatchError
 from calor.server.events import EventRecord
 from calor.server.records import MemoryRecord
@@ -261,3 +262,19 @@ def test_the_view_names_the_memories_recent_changes_touched(
     assert channel.touched_since(mark) == {first, second, third}
     assert channel.touched_since(mark + 1) == {second, third}
     assert channel.touched_since(-1) is None and channel.touched_since(channel.revision + 1) is None
+
+
+def test_a_put_the_view_had_no_record_of_names_its_entities_though_the_store_has_it() -> None:
+    """With records read back from the store, a memory the view holds no state for is
+    never read from it: by the time a put is applied the store holds the new record,
+    which would pass for the one replaced (and leave the entities unnamed)."""
+    record = MemoryRecord(
+        id="m1", channel=CHANNEL, text="Zorblax fixed it.", memory_type="episodic",
+        created_at=START, updated_at=START, heat0=1.0, t0=START, entities=["Zorblax"],
+    )  # fmt: skip
+    written = {record.id: record}  # the store, once the commit has written
+    view = Channel(
+        CHANNEL, 8, ChannelPolicy(), ManualClock(START), records=RecordTable(reader=written.get)
+    )
+    view.apply(ChangeList(CHANNEL, [PutMemory(record, np.ones(8, dtype=np.float32))]), {})
+    assert view.entity_members.get("zorblax") == ["m1"]

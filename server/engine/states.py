@@ -29,9 +29,9 @@ class RecordTable(Mapping[str, MemoryRecord]):
 
     Every memory's id and stored state are held. Without a ``reader`` every full record
     is too; with one, only the ``cached`` (default :data:`RECORDS_CACHED`) most recently
-    used, and the others are read
-    from the store when asked for (the store holds what the view holds: a change is
-    applied only once written). Records are replaced, never changed in place.
+    used, and the others are read from the store when asked for (the store holds what
+    the view holds: a change is applied only once written). Records are replaced, never
+    changed in place.
     """
 
     def __init__(
@@ -56,9 +56,6 @@ class RecordTable(Mapping[str, MemoryRecord]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._states))  # a snapshot: the view may change meanwhile
-
-    def __bool__(self) -> bool:
-        return bool(self._states)
 
     def __getitem__(self, memory_id: str) -> MemoryRecord:
         """A memory's record, read from the store if not kept."""

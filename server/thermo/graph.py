@@ -52,33 +52,22 @@ class Graph:
         """Link two memories (a second link of the same kind keeps the larger weight)."""
         code = self._kind_code(kind)
         here, there = self._take_slot(a), self._take_slot(b)
-        forth, back = (there << _KIND_BITS) | code, (here << _KIND_BITS) | code
-        at = _find(self._ends[here], forth)
+        at = _find(self._ends[here], (there << _KIND_BITS) | code)
         if at >= 0:
             weight = max(weight, self._weights[here][at])
             self._weights[here][at] = weight
             if here != there:
-                self._weights[there][_find(self._ends[there], back)] = weight
+                back = _find(self._ends[there], (here << _KIND_BITS) | code)
+                self._weights[there][back] = weight
         else:
-            self._ends[here].append(forth)
-            self._weights[here].append(weight)
-            if here != there:
-                self._ends[there].append(back)
-                self._weights[there].append(weight)
+            self._append(here, there, code, weight)
         return Edge(self._id_at[here], self._id_at[there], kind, weight)
 
     def load(self, edges: Iterable[tuple[str, str, str, float]]) -> None:
         """Take in edges read back from the store, (a, b, kind, weight): each pair and
         kind at most once, and none of them held already (a view being built)."""
-        ends, weights, take, code_of = self._ends, self._weights, self._take_slot, self._kind_code
         for a, b, kind, weight in edges:
-            code = code_of(kind)
-            here, there = take(a), take(b)
-            ends[here].append((there << _KIND_BITS) | code)
-            weights[here].append(weight)
-            if here != there:
-                ends[there].append((here << _KIND_BITS) | code)
-                weights[there].append(weight)
+            self._append(self._take_slot(a), self._take_slot(b), self._kind_code(kind), weight)
 
     def remove(self, memory_id: str) -> list[Edge]:
         """Drop a memory and every edge touching it; returns the edges dropped."""
@@ -95,20 +84,20 @@ class Graph:
 
     def unlink(self, a: str, b: str, kind: str) -> None:
         """Drop the edge of one kind between two memories, if there is one."""
-        here, there = self._slot_of.get(a), self._slot_of.get(b)
-        code = self._kind_codes.get(kind)
-        if here is None or there is None or code is None:
+        held = self._held(a, b, kind)
+        if held is None:
             return
+        here, there, code = held
         self._drop_entry(here, (there << _KIND_BITS) | code)
         if here != there:
             self._drop_entry(there, (here << _KIND_BITS) | code)
 
     def weight(self, a: str, b: str, kind: str) -> float | None:
         """The weight of the edge of one kind between two memories, or None."""
-        here, there = self._slot_of.get(a), self._slot_of.get(b)
-        code = self._kind_codes.get(kind)
-        if here is None or there is None or code is None:
+        held = self._held(a, b, kind)
+        if held is None:
             return None
+        here, there, code = held
         at = _find(self._ends[here], (there << _KIND_BITS) | code)
         return None if at < 0 else self._weights[here][at]
 
@@ -172,6 +161,22 @@ class Graph:
             code = self._kind_codes[kind] = len(self._kind_names)
             self._kind_names.append(sys.intern(kind))
         return code
+
+    def _held(self, a: str, b: str, kind: str) -> tuple[int, int, int] | None:
+        """The slots of two memories and the code of a kind, if all three are held."""
+        here, there = self._slot_of.get(a), self._slot_of.get(b)
+        code = self._kind_codes.get(kind)
+        if here is None or there is None or code is None:
+            return None
+        return here, there, code
+
+    def _append(self, here: int, there: int, code: int, weight: float) -> None:
+        """A new link of one kind between two slots, kept at both ends."""
+        self._ends[here].append((there << _KIND_BITS) | code)
+        self._weights[here].append(weight)
+        if here != there:
+            self._ends[there].append((here << _KIND_BITS) | code)
+            self._weights[there].append(weight)
 
     def _take_slot(self, memory_id: str) -> int:
         """The memory's slot, given one if it has none."""
