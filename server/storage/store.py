@@ -46,6 +46,7 @@ from calor.server.errors import (
 from calor.server.events import EventRecord
 from calor.server.heap import release
 from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.batch import PendingBatch, put_ops
 from calor.server.storage.keys import (
     SCHEMA_VERSION,
     SEP,
@@ -53,26 +54,8 @@ from calor.server.storage.keys import (
     split,
 )
 from calor.server.storage.ops import (
-    AddMemory,
     ChangeList,
-    DeleteKey,
-    DeleteRange,
-    DropChannel,
-    DropVector,
-    Forget,
-    Link,
-    Log,
-    OpenConflict,
-    Operation,
-    PutKey,
-    PutMemory,
     Quote,
-    SetPolicy,
-    SetState,
-    SettleConflict,
-    StageVector,
-    Unlink,
-    vector_bytes,
     vector_from,
 )
 
@@ -84,106 +67,6 @@ _SEP_TEXT = SEP.decode()
 _PAST_SEP = bytes([SEP[0] + 1])  # sorts after SEP: past one channel's keys of a family
 
 log = logging.getLogger("calor.server")
-
-
-class _Batch:
-    """One write batch being made, and what its commit must still see to (under the
-    commit lock): events to number, quotes to index, traces of forgotten memories and
-    dropped channels to scrub, and the key ranges whose old bytes must leave the disk."""
-
-    def __init__(self) -> None:
-        self.batch = rocksdict.WriteBatch(raw_mode=True)
-        self.events: list[EventRecord] = []
-        self.quotes: list[Quote] = []
-        self.added: set[tuple[str, str]] = set()
-        self.forgotten: set[tuple[str, str]] = set()
-        self.dropped: set[str] = set()
-        self.erased: list[tuple[bytes, bytes]] = []
-
-    def erase(self, key: bytes) -> None:
-        """Note that the old value of ``key`` must leave the disk."""
-        self.erased.append((key, key + SEP))
-
-    def gone(self, channel: str, memory_id: str) -> bool:
-        """Whether this batch forgets the memory (or drops its channel)."""
-        return (channel, memory_id) in self.forgotten or channel in self.dropped
-
-
-def _put_ops(held: _Batch, change: ChangeList) -> None:
-    """Add one change list's keys to the batch; its events, quotes, forgets and drops are
-    noted for the commit to finish."""
-    name = change.channel
-    forgets = any(isinstance(op, Forget) for op in change.ops)
-    for op in change.ops:
-        if isinstance(op, Log):
-            held.events.append(op.event)
-        elif isinstance(op, Quote):
-            held.quotes.append(op)
-        elif isinstance(op, DropChannel):
-            held.dropped.add(name)
-            for start, end in Keys.channel_ranges(name):
-                held.batch.delete_range(start, end)
-                held.erased.append((start, end))
-        elif isinstance(op, DeleteRange):
-            held.batch.delete_range(op.start, op.end)
-            held.erased.append((op.start, op.end))
-        elif isinstance(op, AddMemory | PutMemory | Forget | StageVector | DropVector):
-            _put_memory_op(held.batch, name, op)
-            if isinstance(op, AddMemory):
-                held.added.add((name, op.record.id))
-            elif isinstance(op, Forget):
-                held.forgotten.add((name, op.record.id))
-                held.erase(Keys.memory(name, op.record.id))
-                held.erase(Keys.vector(name, op.record.id))
-        else:
-            _put_channel_op(held.batch, name, op)
-            if forgets and isinstance(op, SettleConflict):  # its reason may quote numbers
-                held.erase(Keys.conflict(name, op.a, op.b))
-
-
-def _put_memory_op(
-    batch: rocksdict.WriteBatch,
-    name: str,
-    op: AddMemory | PutMemory | Forget | StageVector | DropVector,
-) -> None:
-    match op:
-        case AddMemory(record, vector, staged):
-            batch.put(Keys.memory(name, record.id), record.to_json())
-            if not staged:
-                batch.put(Keys.vector(name, record.id), vector_bytes(vector))
-            if record.idempotency_key:
-                batch.put(Keys.idempotency(name, record.idempotency_key), record.id.encode())
-        case PutMemory(record, vector):
-            batch.put(Keys.memory(name, record.id), record.to_json())
-            if vector is not None:
-                batch.put(Keys.vector(name, record.id), vector_bytes(vector))
-        case Forget(record):
-            batch.put(Keys.memory(name, record.id), record.to_json())
-            batch.delete(Keys.vector(name, record.id))
-        case StageVector(memory_id, vector):
-            batch.put(Keys.vector(name, memory_id), vector_bytes(vector))
-        case DropVector(memory_id):
-            batch.delete(Keys.vector(name, memory_id))
-
-
-def _put_channel_op(batch: rocksdict.WriteBatch, name: str, op: Operation) -> None:
-    match op:
-        case Link(a, b, kind, weight):
-            batch.put(Keys.edge(name, a, b, kind), repr(float(weight)).encode())
-        case Unlink(a, b, kind):
-            batch.delete(Keys.edge(name, a, b, kind))
-        case OpenConflict(a, b, reason):
-            batch.put(Keys.conflict(name, a, b), reason.encode())
-        case SettleConflict(a, b):
-            batch.delete(Keys.conflict(name, a, b))
-        case SetState(state):
-            batch.put(Keys.channel_state(name), state.to_json())
-        case SetPolicy(policy):
-            batch.put(Keys.policy(name), policy.to_json())
-        case PutKey(key, value):
-            batch.put(key, value)
-        case DeleteKey(key):
-            batch.delete(key)
 
 
 # How RocksDB words a write refused for want of space: ENOSPC, EFBIG (a file size
@@ -327,9 +210,9 @@ class MemoryStore:
         Events are numbered at commit, in order, and handed to the commit listeners.
         """
         self._check_open()
-        held = _Batch()
+        held = PendingBatch(rocksdict.WriteBatch(raw_mode=True))
         for change in changes:
-            _put_ops(held, change)
+            put_ops(held, change)
         batch = held.batch
         size = batch.size_in_bytes()  # before the write consumes it
         with self._commit_lock:
@@ -377,7 +260,7 @@ class MemoryStore:
             return
         release()
 
-    def _put_event(self, held: _Batch, event: EventRecord) -> EventRecord:
+    def _put_event(self, held: PendingBatch, event: EventRecord) -> EventRecord:
         """Put a numbered event; one that may quote its memory is indexed under it, or
         put scrubbed when the memory is forgotten already. Returns what was put."""
         if event.may_quote():
@@ -389,7 +272,7 @@ class MemoryStore:
         held.batch.put(Keys.event(event.seq), event.to_json())
         return event
 
-    def _put_quote(self, held: _Batch, quote: Quote) -> None:
+    def _put_quote(self, held: PendingBatch, quote: Quote) -> None:
         """Put a quote, indexed under its memory; scrubbed when that is forgotten already."""
         if self._forgotten(held, quote.channel, quote.memory_id):
             held.batch.put(quote.key, quote.scrubbed)
@@ -397,7 +280,7 @@ class MemoryStore:
             held.batch.put(quote.key, quote.value)
             held.batch.put(Keys.quote(quote.channel, quote.memory_id, quote.key), quote.scrubbed)
 
-    def _forgotten(self, held: _Batch, channel: str, memory_id: str) -> bool:
+    def _forgotten(self, held: PendingBatch, channel: str, memory_id: str) -> bool:
         """Whether a memory is forgotten (or gone with its channel) as of this batch."""
         if held.gone(channel, memory_id):
             return True
@@ -406,7 +289,7 @@ class MemoryStore:
         data = self._db.get(Keys.memory(channel, memory_id))
         return data is None or MemoryRecord.from_json(data).state == DELETED
 
-    def _scrub(self, held: _Batch, prefix: bytes) -> None:
+    def _scrub(self, held: PendingBatch, prefix: bytes) -> None:
         """Put in place the scrubbed form of everything the quote index holds under
         ``prefix`` (one memory's or one channel's), and drop those index entries."""
         for key, scrubbed in self._scan(prefix):
