@@ -20,6 +20,8 @@ from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.engine.states import RecordTable
 from calor.server.errors import StoreMismatchError
 from calor.server.events import EventRecord
+from calor.server.recall.columns import RecordColumns
+from calor.server.recall.index import ChannelIndex
 from calor.server.records import MemoryRecord
 from calor.server.storage.ops import (
     AddMemory,
@@ -32,6 +34,7 @@ from calor.server.storage.ops import (
     OpenConflict,
     PutKey,
     PutMemory,
+    SetHeat,
     SetPolicy,
     SetState,
     SettleConflict,
@@ -76,10 +79,20 @@ def view(channel: Channel) -> dict[str, Any]:
         "entities": {k: sorted(v) for k, v in channel.entity_members.items() if v},
         "sessions": dict(channel.last_in_session),
         "index": sorted(i for i in channel.records if i in channel.index),
+        "heat columns": {
+            i: (columns.heat0[label], columns.t0[label], columns.interactions0[label])
+            for index in (channel.index, channel.attic)
+            for i, label, columns in _labelled(index, list(channel.records))
+        },
         "attic": sorted(i for i in channel.records if i in channel.attic),
         "state": channel.state,
         "policy": channel.policy,
     }
+
+
+def _labelled(index: ChannelIndex, ids: list[str]) -> list[tuple[str, int, RecordColumns]]:
+    found = [(i, index.label(i)) for i in ids]
+    return [(i, label, index.columns) for i, label in found if label is not None]
 
 
 def test_a_store_whose_commit_failed_leaves_no_trace_that_later_stores_link_to(
@@ -141,6 +154,8 @@ def test_the_live_view_is_what_a_restart_rebuilds_from_rocksdb(
     clock.advance(40 * 86_400.0)
     engine.forget(CHANNEL, [ids[6]])
     engine.recall(RecallQuery(channel=CHANNEL, query="tea"), embedder.embed_query("tea"))
+    engine.recall(RecallQuery(channel=CHANNEL, query="Ada"), embedder.embed_query("Ada"))
+    assert list(opened.heats(CHANNEL)), "resonance warmed memories without rewriting them"
 
     live = engine.channels.find(CHANNEL)
     rebuilt = MemoryEngine.open(opened, clock, ChannelPolicy()).channels.find(CHANNEL)
@@ -172,6 +187,7 @@ def test_a_change_list_survives_json_whole() -> None:
         DropVector("m4"),
         PutKey(Keys.CURSOR, b"\x00\xff"),
         DeleteKey(Keys.trigger("t1")),
+        SetHeat(("m1", "m2"), (0.25, 1.0), 5.0, 9),
     ]
     decoded = decode(encode(ChangeList(CHANNEL, ops)))
     assert decoded.channel == CHANNEL

@@ -34,6 +34,7 @@ from calor.server.storage.consistency import (
     check,
     open_offline,
 )
+from calor.server.storage.heats import heat_bytes
 from calor.server.storage.store import Keys, MemoryStore
 from calor.server.thermo.policy import ChannelPolicy
 
@@ -472,3 +473,27 @@ def test_the_command_refuses_a_store_in_use_or_missing(
     done = calor_check(tmp_path / "nothing-here")
     assert done.returncode == 2
     assert "no Calor store" in done.stderr
+
+
+def test_a_heat_kept_for_a_forgotten_memory_is_dropped(
+    tmp_path: Path, embedder: OnnxEmbedder, seeded: list[str]
+) -> None:
+    with engine_on(tmp_path, embedder) as engine:
+        engine.forget(CHANNEL, [seeded[1]])
+    with raw(tmp_path) as db:
+        db[Keys.heat(CHANNEL, seeded[1])] = heat_bytes(0.9, 0.0, 0)
+        db[Keys.heat(CHANNEL, NOWHERE)] = heat_bytes(0.9, 0.0, 0)
+    before = snapshot(tmp_path)
+    with opened(tmp_path, embedder) as store:
+        problems = check(store)
+    assert sorted((p.kind, p.detail) for p in problems) == sorted(
+        [
+            ("stray_heat", f"heat kept for memory {seeded[1]}: memory {seeded[1]} is forgotten"),
+            ("stray_heat", f"heat kept for memory {NOWHERE}: memory {NOWHERE} does not exist"),
+        ]
+    )
+    assert snapshot(tmp_path) == before
+    with opened(tmp_path, embedder) as store:
+        assert all(p.fixed for p in check(store, fix=True))
+        assert check(store) == []
+        assert list(store.heats()) == []

@@ -15,9 +15,10 @@ from calor.server.errors import ResourceExhaustedError
 from calor.server.records import MemoryRecord
 from calor.server.storage.ops import AddMemory, ChangeList, PutMemory
 from calor.server.thermo.channel_state import ChannelState, active_gates
-from calor.server.thermo.graph import Graph, Reach, resonance
+from calor.server.thermo.graph import Graph
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, migrate_at, next_change_at
 from calor.server.thermo.policy import ChannelPolicy
+from calor.server.thermo.resonance import Reach, one_by_one, resonance
 from tests.helpers import DAY, VECTORS
 
 SEEDS = json.loads((VECTORS / "heat.json").read_text())["resonance"]
@@ -51,7 +52,7 @@ def test_seed_example_heat_080_gives_each_neighbour_024() -> None:
         {"n1": 0.5, "n2": 0.5, "far": 0.5}, [("r", "n1"), ("r", "n2"), ("n1", "far")]
     )
     policy = ChannelPolicy(resonance_spread=seed["spread"], resonance_damping=seed["damping"])
-    gains = resonance(graph, {"r": seed["recalled_heat_after_bump"]}, reach.get, policy)
+    gains = resonance(graph, {"r": seed["recalled_heat_after_bump"]}, one_by_one(reach.get), policy)
     assert gains["n1"] == pytest.approx(seed["gain_hop1"], abs=1e-9)
     assert gains["n2"] == pytest.approx(seed["gain_hop1"], abs=1e-9)
     assert gains["far"] == pytest.approx(seed["gain_hop2"], abs=1e-9)
@@ -68,7 +69,9 @@ def test_seed_example_with_the_thermal_gate() -> None:
         },
         [("r", "n"), ("n", "two"), ("r", "gated"), ("gated", "behind")],
     )
-    gains = resonance(graph, {"r": seed["recalled_heat_after_bump"]}, reach.get, ChannelPolicy())
+    gains = resonance(
+        graph, {"r": seed["recalled_heat_after_bump"]}, one_by_one(reach.get), ChannelPolicy()
+    )
     assert seed["neighbour_before"] + gains["n"] == pytest.approx(seed["neighbour_after"], abs=1e-9)
     assert seed["two_hop_before"] + gains["two"] == pytest.approx(seed["two_hop_after"], abs=1e-9)
     assert "gated" not in gains and "behind" not in gains
@@ -78,14 +81,14 @@ def test_a_neighbour_reached_twice_takes_the_largest_gain_once() -> None:
     graph, reach = chain(
         {"a": 0.5, "b": 0.5, "x": 0.5}, [("r1", "a"), ("a", "x"), ("r2", "x"), ("r1", "b")]
     )
-    gains = resonance(graph, {"r1": 1.0, "r2": 0.6}, reach.get, ChannelPolicy())
+    gains = resonance(graph, {"r1": 1.0, "r2": 0.6}, one_by_one(reach.get), ChannelPolicy())
     assert gains["x"] == pytest.approx(max(0.3 * 1.0 * 0.5, 0.3 * 0.6))
     assert gains["a"] == pytest.approx(0.3)
 
 
 def test_depth_limits_the_spread() -> None:
     graph, reach = chain({"1": 0.5, "2": 0.5, "3": 0.5}, [("r", "1"), ("1", "2"), ("2", "3")])
-    gains = resonance(graph, {"r": 1.0}, reach.get, ChannelPolicy())
+    gains = resonance(graph, {"r": 1.0}, one_by_one(reach.get), ChannelPolicy())
     assert set(gains) == {"1", "2"}
 
 
@@ -94,11 +97,11 @@ def test_archived_neighbours_come_back_and_pass_heat_as_any_memory_at_their_heat
     graph.add("r", "old", "manual", 1.0)
     graph.add("old", "beyond", "manual", 1.0)
     below_gate = {"old": Reach(0.01, archived=True), "beyond": Reach(0.5)}
-    gains = resonance(graph, {"r": 1.0}, below_gate.get, ChannelPolicy())
+    gains = resonance(graph, {"r": 1.0}, one_by_one(below_gate.get), ChannelPolicy())
     assert gains == {"old": pytest.approx(0.3)}, "below the thermal gate: back, passing nothing"
     for archived in (True, False):  # at the gate (a semantic floor): passes on, archived or not
         at_gate = {"old": Reach(0.05, archived=archived), "beyond": Reach(0.5)}
-        gains = resonance(graph, {"r": 1.0}, at_gate.get, ChannelPolicy())
+        gains = resonance(graph, {"r": 1.0}, one_by_one(at_gate.get), ChannelPolicy())
         assert gains == {"old": pytest.approx(0.3), "beyond": pytest.approx(0.3 * 0.5)}
 
 

@@ -15,7 +15,7 @@ dropped takes no more changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -42,6 +42,7 @@ from calor.server.storage.ops import (
     PutKey,
     PutMemory,
     Quote,
+    SetHeat,
     SetPolicy,
     SetState,
     SettleConflict,
@@ -92,6 +93,11 @@ class Changes:
     def put(self, record: MemoryRecord, vector: np.ndarray | None = None) -> None:
         """A changed memory; ``vector`` when its text (and so its embedding) changed."""
         self.ops.append(PutMemory(record, vector))
+
+    def set_heats(self, heats: Mapping[str, float], at: float, interactions: int) -> None:
+        """Memories whose heat alone rose, materialised at ``at`` (see :class:`SetHeat`)."""
+        if heats:
+            self.ops.append(SetHeat(tuple(heats), tuple(heats.values()), at, interactions))
 
     def forget(self, record: MemoryRecord, now: float) -> MemoryRecord:
         """Make a memory a tombstone: no text, no embedding, no edges, no conflicts.

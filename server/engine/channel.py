@@ -33,6 +33,7 @@ from calor.server.storage.ops import (
     OpenConflict,
     Operation,
     PutMemory,
+    SetHeat,
     SetPolicy,
     SetState,
     SettleConflict,
@@ -53,6 +54,11 @@ _TOUCHED_KEPT = 512
 # How many scheduled moments per memory (most of them outdated by later changes) the
 # schedule may hold before it is rebuilt from the records.
 _STALE_SCHEDULE = 2
+
+
+def _ids_of(op: PutMemory | Forget | SetHeat) -> tuple[str, ...]:
+    """The memories a change to memories touches."""
+    return op.memory_ids if isinstance(op, SetHeat) else (op.record.id,)
 
 
 def conflict_pair(a: str, b: str) -> tuple[str, str]:
@@ -200,24 +206,17 @@ class Channel:
         new: list[tuple[MemoryRecord, np.ndarray]] = []  # indexed together, at the end
         touched: list[str] = []
         for op in change.ops:
-            if isinstance(op, AddMemory | PutMemory | Forget):
-                touched.append(op.record.id)
             if isinstance(op, AddMemory):
+                touched.append(op.record.id)
                 self._add(op.record)
                 new.append((op.record, op.vector))
                 self.arrivals += 1
-            elif isinstance(op, PutMemory | Forget):
-                if any(r.id == op.record.id for r, _ in new):
+            elif isinstance(op, PutMemory | Forget | SetHeat):
+                if any(r.id in _ids_of(op) for r, _ in new):
                     self._index_new(new)
                     new = []
-                replacing = before.pop(op.record.id, None) or self.records.get(op.record.id)
-                if isinstance(op, PutMemory):
-                    arriving = op.vector is not None or op.record.id not in self.index
-                    self._put(op.record, op.vector, replacing)
-                    if arriving and op.record.id in self.index:
-                        self.arrivals += 1  # a new text, or back from the attic or a merge
-                else:
-                    self._forget(op.record, replacing)
+                touched.extend(_ids_of(op))
+                self._change_memory(op, before)
             else:
                 if isinstance(op, SetPolicy):
                     self.arrivals += 1
@@ -227,6 +226,21 @@ class Channel:
         self._note_owed_sweep()
         self._note_size()
         self.revision += 1
+
+    def _change_memory(
+        self, op: PutMemory | Forget | SetHeat, before: dict[str, MemoryRecord]
+    ) -> None:
+        if isinstance(op, SetHeat):
+            self._set_heats(op)
+            return
+        replacing = before.pop(op.record.id, None) or self.records.get(op.record.id)
+        if isinstance(op, PutMemory):
+            arriving = op.vector is not None or op.record.id not in self.index
+            self._put(op.record, op.vector, replacing)
+            if arriving and op.record.id in self.index:
+                self.arrivals += 1  # a new text, or back from the attic or a merge
+        else:
+            self._forget(op.record, replacing)
 
     def _note_size(self) -> None:
         """An index grew past exact search (or holds too many tombstones), or its graph
@@ -303,6 +317,20 @@ class Channel:
         elif target is not None:
             target.refresh(record)
         self._schedule(record)
+
+    def _set_heats(self, op: SetHeat) -> None:
+        """Heat alone changed: the records and the columns take it. It only rose, on
+        memories that stay ACTIVE, so no scheduled moment comes sooner (the ones held
+        fall due first and are moved on then)."""
+        self.records.set_heats(
+            dict(zip(op.memory_ids, op.heat0, strict=True)), op.at, op.interactions
+        )
+        heats = np.asarray(op.heat0, dtype=np.float64)
+        for index in (self.index, self.attic):
+            labels = index.labels(list(op.memory_ids))
+            held = labels >= 0
+            if held.any():
+                index.columns.set_heats(labels[held], heats[held], op.at, op.interactions)
 
     def _forget(self, tombstone: MemoryRecord, before: MemoryRecord | None) -> None:
         self.records[tombstone.id] = tombstone

@@ -216,7 +216,8 @@ class MemoryEngine:
         with changing(self._store, channel) as change:
             for record in effects.changed.values():
                 change.put(record)
-            warm = sorted(set(effects.changed) - set(effects.recalled))
+            change.set_heats(effects.warmed, clocks.now, clocks.interactions)
+            warm = sorted({*effects.changed, *effects.warmed} - set(effects.recalled))
             warmed = ",".join(warm[:_RESONATED_LOGGED])
             for memory_id in effects.recalled:
                 record = effects.changed[memory_id]

@@ -3,12 +3,16 @@
 Only relevant hits are heated (relevance before heat): see :func:`heated`.
 
 Computed on copies, without writing: the engine persists the outcome in one batch.
+Resonance reaches hundreds of memories in a large channel; those it only warms (ACTIVE
+and staying so) are computed in bulk from the index's columns and written as heats
+alone, without reading or rewriting their records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -20,11 +24,9 @@ from calor.server.recall.columns import (
     heats_and_states,
     needs_record,
 )
-from calor.server.recall.index import ChannelIndex
 from calor.server.recall.ranking import Hit, reaches
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.channel_state import ChannelState
-from calor.server.thermo.graph import Reach, resonance
 from calor.server.thermo.lifecycle import (
     Clocks,
     apply_gain,
@@ -34,20 +36,24 @@ from calor.server.thermo.lifecycle import (
     refresh_utility,
 )
 from calor.server.thermo.policy import ChannelPolicy
+from calor.server.thermo.resonance import Reach, Reached, resonance
 
 __all__ = ["RecallEffects", "heated", "recall_effects"]
 
 _LIVE = frozenset({ACTIVE, COLD})
-_REACHABLE = frozenset({ACTIVE_CODE, COLD_CODE, ARCHIVED_CODE})
+_REACHABLE = (ACTIVE_CODE, COLD_CODE, ARCHIVED_CODE)
 _NEAR_CAP = 1.0 - 1e-4
 
 
 @dataclass(frozen=True)
 class RecallEffects:
-    """The records a recall changed (recalled and resonating), and the channel's next state."""
+    """What a recall changed: the records of the recalled memories and of those that
+    resonance brought back or changed otherwise, the heat (``heat0`` as of the recall)
+    of those it only warmed, and the channel's next state."""
 
     recalled: list[str]
     changed: dict[str, MemoryRecord]
+    warmed: dict[str, float]
     state: ChannelState
 
 
@@ -72,57 +78,81 @@ def recall_effects(
         changed[record.id] = record
 
     recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
-    # Every memory resonance could reach, judged once and in bulk: many sources share
-    # neighbours, and a recall's neighbourhood runs to hundreds of memories.
-    around = channel.graph.within(recalled, policy.resonance_depth)
-    reached = _reaches(channel, around, policy, clocks)
-    for memory_id, gain in resonance(channel.graph, recalled, reached.get, policy).items():
-        found = reached[memory_id]
-        if found is not None and not found.archived and found.heat >= _NEAR_CAP:
-            continue  # already at the cap: the gain would change nothing worth a write
+    judge = partial(_judge, channel, policy=policy, clocks=clocks)
+    gains = resonance(channel.graph, recalled, judge, policy)
+    warmed, settled = _warmed(channel, gains, policy, clocks)
+    for memory_id, gain in gains.items():
+        if memory_id in settled:
+            continue
         record = evolve(channel.records[memory_id].copy(), policy, clocks)
+        if record.state != ARCHIVED and current_heat(record, policy, clocks) >= _NEAR_CAP:
+            continue  # already at the cap: the gain would change nothing worth a write
         apply_gain(record, policy, clocks, gain)
         changed[memory_id] = record
     state = replace(channel.state, interactions=clocks.interactions)
     state.recalled(policy, clocks.now)
-    return RecallEffects(list(recalled), changed, state)
+    return RecallEffects(list(recalled), changed, warmed, state)
 
 
-def _reaches(
-    channel: Channel, memory_ids: Iterable[str], policy: ChannelPolicy, clocks: Clocks
-) -> dict[str, Reach | None]:
-    """What resonance needs of each memory (:func:`_reach`), read from the columns of the
-    index that holds it; memories the columns do not cover are judged from their record."""
-    reached: dict[str, Reach | None] = {}
-    held: dict[ChannelIndex, tuple[list[str], list[int]]] = {
-        channel.index: ([], []),
-        channel.attic: ([], []),
+def _warmed(
+    channel: Channel, gains: dict[str, float], policy: ChannelPolicy, clocks: Clocks
+) -> tuple[dict[str, float], set[str]]:
+    """Of the memories resonance reaches, those it only warms, in bulk from the live
+    index's columns: ACTIVE, staying ACTIVE, covered by the bulk formula. Returns their
+    heat after the gain, and every memory settled here (warmed, or at the cap already:
+    a gain would change nothing worth a write)."""
+    memory_ids = list(gains)
+    labels = channel.index.labels(memory_ids)
+    rows = np.flatnonzero(labels >= 0)
+    if not rows.size:
+        return {}, set()
+    batch = channel.index.columns.batch(labels[rows])
+    heats, states = heats_and_states(batch, policy, clocks)
+    simple = (batch.state == ACTIVE_CODE) & (states == ACTIVE_CODE)
+    simple &= ~needs_record(batch) & ~batch.superseded
+    rows, heats = rows[simple], heats[simple]
+    ids = [memory_ids[row] for row in rows.tolist()]
+    capped = heats >= _NEAR_CAP
+    gained = np.array([gains[memory_id] for memory_id in ids], dtype=np.float64)
+    after = np.clip(heats + gained, 0.0, 1.0)
+    warmed = {
+        memory_id: heat
+        for memory_id, heat, cap in zip(ids, after.tolist(), capped.tolist(), strict=True)
+        if not cap
     }
-    for memory_id in memory_ids:
-        for index, (ids, labels) in held.items():
-            label = index.label(memory_id)
-            if label is not None:
-                ids.append(memory_id)
-                labels.append(label)
-                break
-        else:
-            reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
-    for index, (ids, labels) in held.items():
-        if not ids:
+    return warmed, set(ids)
+
+
+def _judge(
+    channel: Channel, memory_ids: list[str], *, policy: ChannelPolicy, clocks: Clocks
+) -> Reached:
+    """What resonance needs of each memory, read in bulk from the columns of the index
+    that holds it; a memory the columns do not cover is judged from its record."""
+    count = len(memory_ids)
+    takes = np.zeros(count, dtype=bool)
+    heat = np.zeros(count)
+    archived = np.zeros(count, dtype=bool)
+    unjudged = np.ones(count, dtype=bool)
+    for index in (channel.index, channel.attic):
+        asked = np.flatnonzero(unjudged)
+        labels = index.labels([memory_ids[row] for row in asked.tolist()])
+        rows, labels = asked[labels >= 0], labels[labels >= 0]
+        if not rows.size:
             continue
-        batch = index.columns.batch(np.array(labels, dtype=np.int64))
+        unjudged[rows] = False
+        batch = index.columns.batch(labels)
         heats, states = heats_and_states(batch, policy, clocks)
-        odd, superseded = needs_record(batch).tolist(), batch.superseded.tolist()
-        for memory_id, heat, state, by_record, settled in zip(
-            ids, heats.tolist(), states.tolist(), odd, superseded, strict=True
-        ):
-            if by_record:
-                reached[memory_id] = _reach(channel.records.get(memory_id), policy, clocks)
-            elif settled or state not in _REACHABLE:
-                reached[memory_id] = None
-            else:
-                reached[memory_id] = Reach(heat, archived=state == ARCHIVED_CODE)
-    return reached
+        by_record = needs_record(batch)
+        takes[rows] = ~batch.superseded & np.isin(states, _REACHABLE)
+        heat[rows] = heats
+        archived[rows] = states == ARCHIVED_CODE
+        unjudged[rows[by_record]] = True
+    for row in np.flatnonzero(unjudged).tolist():
+        found = _reach(channel.records.get(memory_ids[row]), policy, clocks)
+        takes[row] = found is not None
+        heat[row] = 0.0 if found is None else found.heat
+        archived[row] = found is not None and found.archived
+    return Reached(takes=takes, heat=heat, archived=archived)
 
 
 def _reach(record: MemoryRecord | None, policy: ChannelPolicy, clocks: Clocks) -> Reach | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 
 from calor.server.records import MemoryRecord
 from calor.server.thermo.lifecycle import Clocks, evolve
@@ -90,6 +91,20 @@ class RecordTable(Mapping[str, MemoryRecord]):
         self._states[memory_id] = record.state
         self.by_state[record.state] += 1
         self._keep(memory_id, record)
+
+    def set_heats(self, heats: Mapping[str, float], at: float, interactions: int) -> None:
+        """Memories whose heat alone changed (materialised at ``at``). A record read from
+        the store carries it; one without a store to read from is replaced here."""
+        for memory_id, heat0 in heats.items():
+            held = self._full.get(memory_id)
+            if held is None:
+                continue
+            if self._reader is not None:
+                del self._full[memory_id]
+            else:
+                self._full[memory_id] = replace(
+                    held, heat0=heat0, t0=at, interactions0=interactions, updated_at=at
+                )
 
     def clear(self) -> None:
         """Forget every memory (a dropped channel): nothing is read from the store again."""

@@ -105,6 +105,14 @@ class RecordColumns:
         self.keystone[label] = record.keystone
         self.superseded[label] = record.superseded
 
+    def set_heats(
+        self, labels: npt.NDArray[np.int64], heat0: _F64, at: float, interactions: int
+    ) -> None:
+        """Heat materialised at ``at`` for the given labels (nothing else changes)."""
+        self.heat0[labels] = heat0
+        self.t0[labels] = at
+        self.interactions0[labels] = interactions
+
     def batch(self, labels: npt.NDArray[np.int64]) -> Batch:
         """The rows of the given labels, gathered."""
         return Batch(

@@ -7,9 +7,11 @@ candidate found by either is the same memory.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 import faiss
 import numpy as np
+import numpy.typing as npt
 
 from calor.server.recall.columns import RecordColumns
 from calor.server.recall.graph_files import SavedGraph
@@ -73,6 +75,10 @@ class ChannelIndex:
     def label(self, memory_id: str) -> int | None:
         """The label of an indexed memory."""
         return self._label_of.get(memory_id)
+
+    def labels(self, memory_ids: list[str]) -> npt.NDArray[np.int64]:
+        """The label of each memory, -1 for one not indexed here."""
+        return np.array(list(map(self._label_of.get, memory_ids, repeat(-1))), dtype=np.int64)
 
     def remove(self, memory_id: str) -> bool:
         """Take a memory out of both indexes; False if it was not there."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import rocksdict
 
 from calor.server.events import EventRecord
+from calor.server.storage.heats import heat_bytes
 from calor.server.storage.keys import SEP, Keys
 from calor.server.storage.ops import (
     AddMemory,
@@ -22,6 +23,7 @@ from calor.server.storage.ops import (
     PutKey,
     PutMemory,
     Quote,
+    SetHeat,
     SetPolicy,
     SetState,
     SettleConflict,
@@ -74,7 +76,7 @@ def put_ops(held: PendingBatch, change: ChangeList) -> None:
         elif isinstance(op, DeleteRange):
             held.batch.delete_range(op.start, op.end)
             held.erased.append((op.start, op.end))
-        elif isinstance(op, AddMemory | PutMemory | Forget | StageVector | DropVector):
+        elif isinstance(op, AddMemory | PutMemory | SetHeat | Forget | StageVector | DropVector):
             _put_memory_op(held.batch, name, op)
             if isinstance(op, AddMemory):
                 held.added.add((name, op.record.id))
@@ -91,7 +93,7 @@ def put_ops(held: PendingBatch, change: ChangeList) -> None:
 def _put_memory_op(
     batch: rocksdict.WriteBatch,
     name: str,
-    op: AddMemory | PutMemory | Forget | StageVector | DropVector,
+    op: AddMemory | PutMemory | SetHeat | Forget | StageVector | DropVector,
 ) -> None:
     match op:
         case AddMemory(record, vector, staged):
@@ -102,10 +104,15 @@ def _put_memory_op(
                 batch.put(Keys.idempotency(name, record.idempotency_key), record.id.encode())
         case PutMemory(record, vector):
             batch.put(Keys.memory(name, record.id), record.to_json())
+            batch.delete(Keys.heat(name, record.id))  # the record carries it now
             if vector is not None:
                 batch.put(Keys.vector(name, record.id), vector_bytes(vector))
+        case SetHeat(memory_ids, heats, at, interactions):
+            for memory_id, heat0 in zip(memory_ids, heats, strict=True):
+                batch.put(Keys.heat(name, memory_id), heat_bytes(heat0, at, interactions))
         case Forget(record):
             batch.put(Keys.memory(name, record.id), record.to_json())
+            batch.delete(Keys.heat(name, record.id))
             batch.delete(Keys.vector(name, record.id))
         case StageVector(memory_id, vector):
             batch.put(Keys.vector(name, memory_id), vector_bytes(vector))

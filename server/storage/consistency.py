@@ -6,13 +6,14 @@ embedding: the engine keeps it through every state change, because a ghost that 
 warmed again or a merge that is undone goes back into an index with it. A forgotten
 memory (DELETED) has none. Every embedding belongs to a memory record; every edge and
 every open conflict names two memories of its channel that exist and are not
+forgotten; a heat kept beside a record (resonance's) has a record that is not
 forgotten; every idempotency key names a memory that exists (a tombstone counts: a
 store with that key returns it). The event log is numbered without holes from its
 oldest retained event to its newest, and each event carries its own key's number.
 
 Repairs are written as one atomic batch of change lists (:meth:`MemoryStore.write`) after the
 whole store was read: a missing embedding is embedded again from the memory's text
-(when an embedder is given), a stray one, edge, conflict or idempotency key is
+(when an embedder is given), a stray one, edge, conflict, heat or idempotency key is
 dropped, a misnumbered event takes its key's number, and a hole in the log is filled
 with ``notify`` placeholder events (channel "", message :data:`PLACEHOLDER_MESSAGE`)
 that subscribers replaying the log will see.
@@ -29,6 +30,7 @@ import numpy as np
 from calor.server.errors import FailedPreconditionError
 from calor.server.events import EventRecord
 from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.keys import split
 from calor.server.storage.ops import (
     ChangeList,
     DeleteKey,
@@ -64,6 +66,7 @@ ORPHAN_VECTOR = "orphan_vector"
 DANGLING_EDGE = "dangling_edge"
 DANGLING_CONFLICT = "dangling_conflict"
 DANGLING_IDEMPOTENCY_KEY = "dangling_idempotency_key"
+STRAY_HEAT = "stray_heat"
 MISNUMBERED_EVENT = "misnumbered_event"
 UNREADABLE_EVENT = "unreadable_event"
 EVENT_GAP = "event_gap"
@@ -75,6 +78,7 @@ KINDS = (
     DANGLING_EDGE,
     DANGLING_CONFLICT,
     DANGLING_IDEMPOTENCY_KEY,
+    STRAY_HEAT,
     MISNUMBERED_EVENT,
     UNREADABLE_EVENT,
     EVENT_GAP,
@@ -147,6 +151,7 @@ class Checker:
         self._check_edges()
         self._check_conflicts()
         self._check_idempotency_keys()
+        self._check_heats()
         self._check_log()
         if fix:
             self._repair()
@@ -226,6 +231,14 @@ class Checker:
                 ops = [DeleteKey(Keys.idempotency(channel, key))]
                 self._report(DANGLING_IDEMPOTENCY_KEY, channel, detail, ops)
 
+    def _check_heats(self) -> None:
+        for key, _ in self._store.heats():
+            channel, memory_id = split(key)
+            why = self._missing(channel, memory_id)
+            if why is not None:
+                detail = f"heat kept for memory {memory_id}: {why}"
+                self._report(STRAY_HEAT, channel, detail, [DeleteKey(key)])
+
     def _check_log(self) -> None:
         """The log's numbering: each event under its own number, no holes."""
         previous: EventRecord | None = None
@@ -286,8 +299,7 @@ class Checker:
         return {(r.channel, r.id): (r, rows[n]) for n, r in enumerate(records)}
 
     def _record(self, key: _MemoryKey) -> MemoryRecord | None:
-        data = self._store.get(Keys.memory(*key))
-        return None if data is None else MemoryRecord.from_json(data)
+        return self._store.record(*key)
 
 
 def check(store: MemoryStore, fix: bool = False, embed: Embed | None = None) -> list[Problem]:

@@ -1,12 +1,15 @@
 """Every RocksDB key of the store, by name: the whole on-disk schema.
 
-Schema version 2. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
+Schema version 3. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
 
     meta:schema                        JSON {schema_version, model_id, dim}
     meta:migrations                    JSON list of the migrations this store went through
     meta:last_seq                      the last event number given (kept when the log is trimmed)
     meta:purge                         JSON key ranges whose old bytes RocksDB must still drop
     m:<channel>\\0<id>                  MemoryRecord JSON
+    w:<channel>\\0<id>                  its heat since resonance changed it: heat0, t0 (f64),
+                                       interactions0 (i64), little-endian; over the
+                                       record's until the record is written again
     v:<channel>\\0<id>                  float32 embedding, little-endian
     i:<channel>\\0<key>                 id of the memory stored under an idempotency key
     p:<channel>                        the channel's policy (settings) JSON
@@ -44,7 +47,7 @@ __all__ = [
     "split",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: heats beside records (w:); an older Calor would not read them
 SEP = b"\x00"
 
 
@@ -71,6 +74,7 @@ class Keys:
     WATERMARK = b"s:watermark"
     # Whole families, for the store's readers to scan.
     MEMORIES = b"m:"
+    HEATS = b"w:"
     VECTORS = b"v:"
     IDEMPOTENCY = b"i:"
     POLICIES = b"p:"
@@ -91,6 +95,11 @@ class Keys:
     def memory(channel: str, memory_id: str) -> bytes:
         """A memory's record."""
         return join(b"m:", channel, memory_id)
+
+    @staticmethod
+    def heat(channel: str, memory_id: str) -> bytes:
+        """A memory's heat, when resonance changed it since the record was written."""
+        return join(b"w:", channel, memory_id)
 
     @staticmethod
     def vector(channel: str, memory_id: str) -> bytes:
@@ -202,9 +211,9 @@ class Keys:
         return [(p, past(p)) for p in prefixes] + [(key, key + SEP) for key in exact]
 
 
-# The families whose keys start with ``<channel>\0``: memories, embeddings, idempotency
-# keys, edges, conflicts, the recall log, feedback, the quote index.
-CHANNEL_FAMILIES = (b"m:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:")
+# The families whose keys start with ``<channel>\0``: memories, their heats, embeddings,
+# idempotency keys, edges, conflicts, the recall log, feedback, the quote index.
+CHANNEL_FAMILIES = (b"m:", b"w:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:")
 
 
 def past(prefix: bytes) -> bytes:

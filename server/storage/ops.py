@@ -36,6 +36,7 @@ __all__ = [
     "PutKey",
     "PutMemory",
     "Quote",
+    "SetHeat",
     "SetPolicy",
     "SetState",
     "SettleConflict",
@@ -64,6 +65,23 @@ class PutMemory:
 
     record: MemoryRecord
     vector: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class SetHeat:
+    """Memories whose heat alone changed (resonance): each one's heat is materialised
+    at ``at`` as ``heat0``, with the channel's interaction count then; nothing else
+    about them changes. Kept beside the record (:mod:`calor.server.storage.heats`)
+    until the record is written whole again.
+
+    Only for heat that rises on memories that are ACTIVE and stay so: any other change
+    (a state, a type) is a :class:`PutMemory`.
+    """
+
+    memory_ids: tuple[str, ...]
+    heat0: tuple[float, ...]
+    at: float
+    interactions: int
 
 
 @dataclass(frozen=True)
@@ -193,6 +211,7 @@ class Quote:
 Operation = (
     AddMemory
     | PutMemory
+    | SetHeat
     | Forget
     | Link
     | Unlink
@@ -227,6 +246,7 @@ class ChangeList:
 _NAMES: dict[type, str] = {
     AddMemory: "add_memory",
     PutMemory: "put_memory",
+    SetHeat: "set_heat",
     Forget: "forget",
     Link: "link",
     Unlink: "unlink",
@@ -303,6 +323,8 @@ def _op_in(raw: dict[str, Any]) -> Operation:
             fields[name] = _vector_in(value)
         elif name in _BYTES:
             fields[name] = base64.b64decode(value)
+        elif isinstance(value, list):
+            fields[name] = tuple(value)
         else:
             fields[name] = value
     op: Operation = kind(**fields)

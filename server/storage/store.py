@@ -47,6 +47,7 @@ from calor.server.events import EventRecord
 from calor.server.heap import release
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.batch import PendingBatch, put_ops
+from calor.server.storage.heats import with_heat
 from calor.server.storage.keys import (
     SCHEMA_VERSION,
     SEP,
@@ -343,9 +344,13 @@ class MemoryStore:
     # --- memories ------------------------------------------------------------------
 
     def record(self, channel: str, memory_id: str) -> MemoryRecord | None:
-        """One memory's stored record, or None."""
+        """One memory's stored record (with the heat kept beside it), or None."""
         data = self.get(Keys.memory(channel, memory_id))
-        return None if data is None else MemoryRecord.from_json(data)
+        if data is None:
+            return None
+        record = MemoryRecord.from_json(data)
+        heat = self._db.get(Keys.heat(channel, memory_id))
+        return record if heat is None else with_heat(record, heat)
 
     def get_vector(self, channel: str, memory_id: str) -> np.ndarray | None:
         """The embedding of one memory, or None."""
@@ -366,10 +371,19 @@ class MemoryStore:
             yield channel.decode(), name.decode(), value.decode()
 
     def records(self, channel: str | None = None) -> Iterator[MemoryRecord]:
-        """Every record, of one channel or of all, in key order."""
+        """Every record (with the heat kept beside it), of one channel or of all, in key
+        order."""
+        heats = {key[len(Keys.HEATS) :]: value for key, value in self.heats(channel)}
         prefix = Keys.MEMORIES if channel is None else Keys.in_channel(Keys.MEMORIES, channel)
-        for _, value in self._scan(prefix):
-            yield MemoryRecord.from_json(value)
+        for key, value in self._scan(prefix):
+            heat = heats.get(key[len(Keys.MEMORIES) :]) if heats else None
+            record = MemoryRecord.from_json(value)
+            yield record if heat is None else with_heat(record, heat)
+
+    def heats(self, channel: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Every heat kept beside a record, of one channel or of all, by key."""
+        prefix = Keys.HEATS if channel is None else Keys.in_channel(Keys.HEATS, channel)
+        return self._scan(prefix)
 
     def channel_names(self) -> set[str]:
         """Every channel that holds anything: settings, its own state, a memory or an

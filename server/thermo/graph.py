@@ -1,4 +1,4 @@
-"""The memory graph of a channel, and resonance: how a recall's heat spreads along its edges.
+"""The memory graph of a channel: typed, weighted links between its memories.
 
 Edges are undirected for spreading; each is kept in memory under both ends and in
 RocksDB once (see ``store.py``). A pair may be linked by several kinds at once.
@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
 
-from calor.server.thermo.policy import ChannelPolicy
+import numpy as np
+import numpy.typing as npt
 
-__all__ = ["EDGE_KINDS", "Edge", "Graph", "Reach", "resonance"]
+__all__ = ["EDGE_KINDS", "Edge", "Graph", "Slots"]
+
+Slots = npt.NDArray[np.int64]
 
 EDGE_KINDS = ("semantic", "entity", "sequence", "merged", "echo", "manual", "supersedes")
 
@@ -108,21 +113,21 @@ class Graph:
             return ()
         return [self._id_at[slot] for slot in self._neighbour_slots(here)]
 
-    def within(self, sources: Iterable[str], hops: int) -> set[str]:
-        """The memories at most ``hops`` links away from any of the sources (sources
-        excluded)."""
-        starts = {self._slot_of[s] for s in sources if s in self._slot_of}
-        seen = set(starts)
-        frontier = list(starts)
-        for _ in range(hops):
-            step: list[int] = []
-            for node in frontier:
-                for other in self._neighbour_slots(node):
-                    if other not in seen:
-                        seen.add(other)
-                        step.append(other)
-            frontier = step
-        return {self._id_at[slot] for slot in seen.difference(starts)}
+    # --- slots, for walks in bulk ------------------------------------------------------
+
+    def slots(self, memory_ids: Iterable[str]) -> Slots:
+        """The slot of each memory, -1 for a memory without links."""
+        return np.array(list(map(self._slot_of.get, memory_ids, repeat(-1))), dtype=np.int64)
+
+    def ids_at(self, slots: Slots) -> list[str]:
+        """The memory held in each slot."""
+        return list(map(self._id_at.__getitem__, slots.tolist()))
+
+    def links_at(self, slots: Slots) -> list[npt.NDArray[np.integer[Any]]]:
+        """The slots linked to each given slot, a held one (one linked by several kinds
+        comes once per kind)."""
+        ends = self._ends
+        return [np.frombuffer(ends[slot], dtype=np.uint32) >> _KIND_BITS for slot in slots.tolist()]
 
     def edges(self, memory_id: str) -> list[Edge]:
         """Every edge of a memory, as seen from it, in a stable order."""
@@ -223,52 +228,3 @@ def _find(entries: array[int], entry: int) -> int:
         return entries.index(entry)
     except ValueError:
         return -1
-
-
-@dataclass(frozen=True)
-class Reach:
-    """What resonance needs to know of a memory it reaches: its heat, and whether it
-    sits in cold storage (reached, it comes back to ACTIVE)."""
-
-    heat: float
-    archived: bool = False
-
-
-def resonance(
-    graph: Graph,
-    recalled: Mapping[str, float],
-    reach: Callable[[str], Reach | None],
-    policy: ChannelPolicy,
-) -> dict[str, float]:
-    """The heat each neighbour of the recalled memories gains (DESIGN §3).
-
-    A neighbour at hop h gains ``spread · H · damping^(h−1)``, where H is the recalled
-    memory's heat after its bump. A memory reached by several paths takes its largest
-    gain, once. Memories below the thermal gate neither receive nor pass heat, except
-    that a memory in cold storage that is reached comes back (with its gain) whatever
-    its heat; it passes heat on as any other memory at its heat would. ``reach``
-    answers None for memories that cannot take heat (ghosts, merged, forgotten).
-    Recalled memories gain nothing here.
-    """
-    gains: dict[str, float] = {}
-    for source, heat in recalled.items():
-        frontier = [source]
-        seen = {source}
-        for hop in range(1, policy.resonance_depth + 1):
-            gain = policy.resonance_spread * heat * policy.resonance_damping ** (hop - 1)
-            passing: list[str] = []
-            for node in frontier:
-                for other in graph.neighbours(node):
-                    if other in seen:
-                        continue
-                    seen.add(other)
-                    found = reach(other)
-                    if found is None or other in recalled:
-                        continue
-                    passes = found.heat >= policy.thermal_gate
-                    if passes or found.archived:
-                        gains[other] = max(gains.get(other, 0.0), gain)
-                    if passes:
-                        passing.append(other)
-            frontier = passing
-    return gains

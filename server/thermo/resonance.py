@@ -1,0 +1,135 @@
+"""Resonance (DESIGN §3): how a recall's heat spreads along the memory graph.
+
+Walked in bulk over the graph's slots: a recall's neighbourhood runs to thousands of
+memories in a large channel, and each is judged once, in one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from calor.server.thermo.graph import Graph, Slots
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["Reach", "Reached", "one_by_one", "resonance"]
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What resonance needs to know of one memory it reaches: its heat, and whether it
+    sits in cold storage (reached, it comes back to ACTIVE)."""
+
+    heat: float
+    archived: bool = False
+
+
+@dataclass(frozen=True)
+class Reached:
+    """What resonance needs to know of many memories, row by row: whether each can take
+    heat at all (live or in cold storage, not settled history), its heat, and whether
+    it sits in cold storage."""
+
+    takes: npt.NDArray[np.bool_]
+    heat: npt.NDArray[np.float64]
+    archived: npt.NDArray[np.bool_]
+
+
+Judge = Callable[[list[str]], Reached]
+
+
+def one_by_one(reach: Callable[[str], Reach | None]) -> Judge:
+    """A judge of many memories from a judge of one (None: it takes no heat)."""
+
+    def judge(memory_ids: list[str]) -> Reached:
+        found = [reach(memory_id) for memory_id in memory_ids]
+        return Reached(
+            takes=np.array([f is not None for f in found], dtype=bool),
+            heat=np.array([0.0 if f is None else f.heat for f in found], dtype=np.float64),
+            archived=np.array([f is not None and f.archived for f in found], dtype=bool),
+        )
+
+    return judge
+
+
+def resonance(
+    graph: Graph, recalled: Mapping[str, float], judge: Judge, policy: ChannelPolicy
+) -> dict[str, float]:
+    """The heat each neighbour of the recalled memories gains.
+
+    A neighbour at hop h gains ``spread · H · damping^(h−1)``, where H is the recalled
+    memory's heat after its bump. A memory reached by several paths takes its largest
+    gain, once. Memories below the thermal gate neither receive nor pass heat, except
+    that a memory in cold storage that is reached comes back (with its gain) whatever
+    its heat; it passes heat on as any other memory at its heat would. ``judge`` is
+    asked once about each memory the spread reaches. Recalled memories gain nothing
+    here and pass nothing on as neighbours.
+
+    The largest gain is the one over the fewest hops, so the spread is walked hop by
+    hop for all recalled memories at once, each memory carrying the largest heat that
+    reached it.
+    """
+    slots = graph.slots(recalled)
+    sources = np.flatnonzero(slots >= 0)
+    if not sources.size:
+        return {}
+    known = _Known(np.sort(slots[sources]))  # recalled memories take nothing
+    carried = np.array(list(recalled.values()), dtype=np.float64)[sources]
+    order = np.argsort(slots[sources])
+    senders, sent = slots[sources][order], policy.resonance_spread * carried[order]
+    found: list[tuple[Slots, npt.NDArray[np.float64]]] = []
+    for _ in range(policy.resonance_depth):
+        links = graph.links_at(senders)
+        if not links:
+            break
+        reached = np.concatenate(links).astype(np.int64)
+        heats = np.repeat(sent, [len(linked) for linked in links])
+        order = np.argsort(reached, kind="stable")
+        reached, heats = reached[order], heats[order]
+        reached, firsts = np.unique(reached, return_index=True)
+        heats = np.maximum.reduceat(heats, firsts) if reached.size else heats[:0]
+        takes, passes, receives = known.judged(reached, graph, judge, policy)
+        found.append((reached[receives], heats[receives]))
+        senders, sent = reached[passes], heats[passes] * policy.resonance_damping
+    if not found:
+        return {}
+    gained = np.concatenate([slots for slots, _ in found])
+    gains = np.concatenate([heats for _, heats in found])
+    order = np.argsort(gained, kind="stable")
+    gained, firsts = np.unique(gained[order], return_index=True)
+    if not gained.size:
+        return {}
+    best = np.maximum.reduceat(gains[order], firsts)
+    return dict(zip(graph.ids_at(gained), best.tolist(), strict=True))
+
+
+class _Known:
+    """The memories judged so far in one spread, by slot (sorted), with what the judge
+    said of each: whether it takes heat, passes it on, and receives it."""
+
+    def __init__(self, recalled: Slots) -> None:
+        self.slots = recalled
+        none = np.zeros(len(recalled), dtype=bool)
+        self.passes, self.receives = none, none
+
+    def judged(
+        self, slots: Slots, graph: Graph, judge: Judge, policy: ChannelPolicy
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """Whether each of the (sorted, distinct) slots takes, passes and receives heat;
+        the judge is asked about those not judged before, in one batch."""
+        fresh = slots[~np.isin(slots, self.slots, assume_unique=True)]
+        if fresh.size:
+            said = judge(graph.ids_at(fresh))
+            passes = said.takes & (said.heat >= policy.thermal_gate)
+            receives = passes | (said.takes & said.archived)
+            merged = np.concatenate([self.slots, fresh])
+            order = np.argsort(merged, kind="stable")
+            self.slots = merged[order]
+            self.passes = np.concatenate([self.passes, passes])[order]
+            self.receives = np.concatenate([self.receives, receives])[order]
+        rows = np.searchsorted(self.slots, slots)
+        passes, receives = self.passes[rows], self.receives[rows]
+        return passes | receives, passes, receives

@@ -1,0 +1,77 @@
+"""Heat that resonance changed is kept beside the record, read back with it, and gone
+once the record is written whole, forgotten, or its channel dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calor.server.records import MemoryRecord
+from calor.server.storage.ops import (
+    AddMemory,
+    ChangeList,
+    DropChannel,
+    Forget,
+    PutMemory,
+    SetHeat,
+)
+from calor.server.storage.store import MemoryStore
+
+DIM = 8
+CHANNEL = "warm"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MemoryStore]:
+    opened = MemoryStore.open(tmp_path, model_id="test", dim=DIM)
+    yield opened
+    opened.close()
+
+
+def memory(memory_id: str) -> MemoryRecord:
+    return MemoryRecord(
+        id=memory_id, channel=CHANNEL, text=f"text of {memory_id}", memory_type="episodic",
+        created_at=1.0, updated_at=1.0, heat0=0.4, t0=1.0, interactions0=2,
+    )  # fmt: skip
+
+
+def write(store: MemoryStore, *ops: object) -> None:
+    store.write([ChangeList(CHANNEL, list(ops))])  # type: ignore[arg-type]
+
+
+def added(store: MemoryStore, *ids: str) -> None:
+    write(store, *(AddMemory(memory(i), np.ones(DIM, dtype=np.float32)) for i in ids))
+
+
+def test_a_set_heat_is_read_back_on_the_record_and_in_a_scan(store: MemoryStore) -> None:
+    added(store, "a", "b", "c")
+    write(store, SetHeat(("a", "c"), (0.7, 0.9), 50.0, 11))
+    a = store.record(CHANNEL, "a")
+    assert a is not None
+    assert (a.heat0, a.t0, a.updated_at, a.interactions0) == (0.7, 50.0, 50.0, 11)
+    assert a.text == "text of a" and a.created_at == 1.0, "nothing else changes"
+    scanned = {r.id: (r.heat0, r.t0, r.interactions0) for r in store.records(CHANNEL)}
+    assert scanned == {"a": (0.7, 50.0, 11), "b": (0.4, 1.0, 2), "c": (0.9, 50.0, 11)}
+    assert [r.heat0 for r in store.records()] == [0.7, 0.4, 0.9], "all channels too"
+
+
+def test_the_record_written_whole_carries_the_heat_from_then_on(store: MemoryStore) -> None:
+    added(store, "a")
+    write(store, SetHeat(("a",), (0.7,), 50.0, 11))
+    whole = replace(memory("a"), heat0=0.2, t0=60.0, recall_count=3)
+    write(store, PutMemory(whole))
+    assert store.record(CHANNEL, "a") == whole, "the older heat beside it is gone"
+    assert list(store.heats(CHANNEL)) == []
+
+
+def test_forgetting_or_dropping_the_channel_leaves_no_heat(store: MemoryStore) -> None:
+    added(store, "a", "b")
+    write(store, SetHeat(("a", "b"), (0.7, 0.8), 50.0, 11))
+    write(store, Forget(replace(memory("a"), state="deleted", text="")))
+    assert [key for key, _ in store.heats(CHANNEL)] == [b"w:warm\x00b"]
+    write(store, DropChannel())
+    assert list(store.heats()) == [] and list(store.records()) == []
