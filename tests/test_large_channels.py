@@ -14,9 +14,12 @@ import pytest
 from calor.client import CalorClient
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
+from calor.server.commands import NewMemory
 from calor.server.config import ServerConfig
 from calor.server.engine.channel import Channel
 from calor.server.engine.graphs import GraphBuilds
+from calor.server.engine.ingest import Neighbourhood, build_records
+from calor.server.recall.index import ChannelIndex, ScratchIndex
 from calor.server.recall.vectors import VectorIndex
 from calor.server.records import MemoryRecord
 from calor.server.storage.ops import AddMemory, ChangeList, Forget
@@ -71,6 +74,53 @@ def test_the_graph_finds_what_exact_search_finds_and_catches_up() -> None:
     assert not gone & set(found.ravel().tolist()), "a removed memory is never found"
     _, everything = index.search(queries[:1], 900)
     assert sorted(everything[0][everything[0] >= 0].tolist()) == sorted(held)
+
+
+def test_a_big_batch_searches_its_own_earlier_items_through_a_graph() -> None:
+    vectors = clustered(1200)
+    scratch = ScratchIndex(DIM, approximate_above=500)
+    for start in range(0, 1200, 64):
+        scratch.add(
+            [f"m{i}" for i in range(start, min(start + 64, 1200))], vectors[start : start + 64]
+        )
+    assert scratch.approximate, "past the threshold the batch is searched through a graph"
+    held = {label: vectors[label] for label in range(1200)}
+    queries = clustered(40, seed=9)
+    found = scratch.search(queries, 10)
+    assert all(len(row) == 10 for row in found)
+    scores = [
+        recall_at(np.array([int(memory_id[1:]) for _, memory_id in row]), exact_top(held, q, 10))
+        for row, q in zip(found, queries, strict=True)
+    ]
+    assert np.mean(scores) >= 0.95
+    for (similarity, memory_id), q in zip((row[0] for row in found), queries, strict=True):
+        assert similarity == pytest.approx(float(held[int(memory_id[1:])] @ q), abs=0.02)
+
+
+def semantic_links(approximate_above: int, vectors: np.ndarray) -> set[tuple[int, int]]:
+    """The semantic links one batch of ``vectors`` makes, by position in the batch."""
+    items = [NewMemory(channel="c", text=f"note number {i}") for i in range(len(vectors))]
+    hood = Neighbourhood(ChannelIndex(DIM, approximate_above), {}, {}, {})
+    built = build_records(items, vectors, hood, ChannelPolicy(), NOW, 0)
+    position = {entry.record.id: i for i, entry in enumerate(built)}
+    return {
+        (position[edge.from_id], position[edge.to_id])
+        for entry in built
+        for edge in entry.edges
+        if edge.kind == "semantic"
+    }
+
+
+def test_a_batch_past_the_threshold_links_as_exact_search_would() -> None:
+    rng = np.random.default_rng(11)
+    centres = rng.normal(size=(300, DIM))
+    points = centres[rng.integers(0, 300, 1500)] + 0.25 * rng.normal(size=(1500, DIM))
+    vectors = (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+    exact = semantic_links(10**9, vectors)
+    approximate = semantic_links(500, vectors)
+    assert len(exact) > 1500, "the batch links densely enough to tell"
+    assert len(exact & approximate) >= 0.95 * len(exact)
+    assert len(approximate - exact) <= 0.05 * len(exact)
 
 
 def test_tombstones_past_a_tenth_of_the_graph_ask_for_a_rebuild() -> None:

@@ -109,7 +109,7 @@ def build_records(
     same way as the same memories stored one by one.
     """
     k = max(policy.ingest.novelty_neighbours, policy.semantic_link_max)
-    earlier = ScratchIndex(vectors.shape[1])
+    earlier = ScratchIndex(vectors.shape[1], hood.index.vectors.approximate_above)
     out: list[Ingested] = []
     for start in range(0, len(items), _CHUNK):
         chunk = vectors[start : start + _CHUNK]

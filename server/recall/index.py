@@ -143,24 +143,34 @@ class ChannelIndex:
 
 
 class ScratchIndex:
-    """A throwaway exact index over the earlier items of one store batch, so later items
-    can link to them before anything of the batch is committed to the channel."""
+    """A throwaway index over the earlier items of one store batch (or one dream's
+    snapshot), so later items can link to them before anything of the batch is committed
+    to the channel. Exact while small; past ``approximate_above`` searched through an
+    HNSW graph, as a channel is, so a big batch costs no all-pairs search."""
 
-    def __init__(self, dim: int) -> None:
-        self._vectors = faiss.IndexFlatIP(dim)
+    def __init__(self, dim: int, approximate_above: int = APPROXIMATE_ABOVE) -> None:
+        self._vectors = VectorIndex(dim, approximate_above)
         self._ids: list[str] = []
+
+    @property
+    def approximate(self) -> bool:
+        """Whether searches go through an HNSW graph."""
+        return self._vectors.approximate
 
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         """Add embeddings (one row per id)."""
-        if ids:
-            self._vectors.add(np.ascontiguousarray(vectors, dtype=np.float32))
-            self._ids.extend(ids)
+        if not ids:
+            return
+        labels = np.arange(len(self._ids), len(self._ids) + len(ids), dtype=np.int64)
+        self._vectors.add(labels, np.ascontiguousarray(vectors, dtype=np.float32))
+        self._ids.extend(ids)
+        if self._vectors.wants_graph():
+            build = self._vectors.snapshot()
+            build.run()
+            self._vectors.install(build)
 
     def search(self, queries: np.ndarray, k: int) -> list[list[tuple[float, str]]]:
         """The ``k`` nearest earlier items of each query row, as (similarity, id)."""
-        k = min(k, len(self._ids))
-        if k <= 0:
-            return [[] for _ in range(queries.shape[0])]
         sims, rows = self._vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         return [
             [(float(s), self._ids[r]) for s, r in zip(sim_row, id_row, strict=True) if r >= 0]
