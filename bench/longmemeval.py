@@ -4,6 +4,12 @@ The service under test sees only what :class:`Turn` exposes: ``text``, ``created
 ``session`` (an opaque counter, 0, 1, 2… in haystack order) and ``by_user`` (who spoke,
 which the text's ``user:`` / ``assistant:`` label says anyway). The
 dataset's session ids and ``has_answer`` flags stay here, where the scorer reads them.
+
+Two protocols say how much of that a client tells the service (:func:`told`,
+:func:`as_of`): ``metadata`` (each turn episodic, its session counter as a ``session``
+tag, ``source`` human or agent by who spoke; the question asked ``as_of`` its date) and
+``bare`` (the text and ``created_at`` only, as a client storing plain text would; the
+question asked with no ``as_of``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ SPLITS = {
     "s": DATA / "longmemeval_s_498.json.gz",
 }
 ABSTENTION_SUFFIX = "_abs"
+PROTOCOLS = ("metadata", "bare")
 EVIDENCE_PREFIX = "answer"
 _DATE_FORMAT = "%Y/%m/%d (%a) %H:%M"
 
@@ -57,6 +64,30 @@ class Question:
         for turn in self.turns:
             h.update(b"\0" + turn.text.encode())
         return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    """What a protocol tells the service of a turn besides its text and ``created_at``:
+    ``None`` and an empty dict mean nothing (the service decides)."""
+
+    memory_type: str | None
+    tags: dict[str, str]
+    source: str | None
+
+
+def told(turn: Turn, protocol: str) -> Told:
+    """What ``protocol`` tells the service of ``turn``."""
+    if protocol == "bare":
+        return Told(None, {}, None)
+    if protocol != "metadata":
+        raise ValueError(f"unknown protocol {protocol!r}; one of {PROTOCOLS}")
+    return Told("episodic", {"session": str(turn.session)}, "human" if turn.by_user else "agent")
+
+
+def as_of(question: Question, protocol: str) -> datetime | None:
+    """The moment ``protocol`` asks the question as of (None: now)."""
+    return question.asked_at if protocol == "metadata" else None
 
 
 def parse_date(text: str) -> datetime:

@@ -1,15 +1,17 @@
 """Recall quality on LongMemEval, Calor against plain retrieval: `make bench-quality`.
 
-For each scored question (abstention questions skipped) of each split, a fresh
-``calor serve`` subprocess gets the question's haystack in its own channel through one
-``StoreStream`` call: one memory per turn, ``role: content`` as text, episodic,
-``created_at`` from the session date, a ``session`` tag holding an opaque counter
-(0, 1, 2… in haystack order; never the dataset's session id, nor ``has_answer``), and
-``source`` human for the user's turns, agent for the assistant's (DESIGN §3: human is
-"a person said it"; the text's role label says the same).
-Then it is asked the question: ``Recall(limit=100, peek=True, include_archived=True,
-as_of=<question date>)``. On the same turns, outside Calor, the three baselines of
-``baselines.py`` rank every turn. ``scoring.py`` scores all four the authors' way.
+For each scored question (abstention questions skipped) of each split, and for each
+protocol, a fresh ``calor serve`` subprocess gets the question's haystack in its own
+channel through one ``StoreStream`` call: one memory per turn, ``role: content`` as
+text, ``created_at`` from the session date. Under the ``metadata`` protocol each turn is
+also episodic, has a ``session`` tag holding an opaque counter (0, 1, 2… in haystack
+order; never the dataset's session id, nor ``has_answer``), and ``source`` human for the
+user's turns, agent for the assistant's (DESIGN §3: human is "a person said it"; the
+text's role label says the same); under ``bare`` it has nothing more (a client storing
+plain text). Then it is asked the question: ``Recall(limit=100, peek=True,
+include_archived=True)``, ``as_of=<question date>`` under ``metadata`` only. On the same
+turns, outside Calor, the three baselines of ``baselines.py`` rank every turn.
+``scoring.py`` scores them all the authors' way; Calor's column per protocol.
 
 Two splits: ``oracle`` (all 470 scored questions, evidence sessions only) and ``s``
 (the first 50 scored questions, about 490 turns each; ``--questions N`` for more).
@@ -21,6 +23,7 @@ Prints one table and writes JSON to ``bench/results/`` (``quality-<stamp>.json``
 ``quality-latest.json``).
 
     .venv/bin/python bench/quality.py [--splits oracle,s] [--questions 50]
+        [--protocols metadata,bare]
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import longmemeval
 import scoring
 from _server import Server
 from google.protobuf.timestamp_pb2 import Timestamp
-from longmemeval import Question
+from longmemeval import Question, Turn
 from throughput import machine_info, summarize
 from vectors import VectorCache
 
@@ -53,7 +56,8 @@ RECALL_LIMIT = 100
 LATENCY_LIMIT = 10
 LATENCY_REPEATS = 5
 CALL_TIMEOUT_S = 3600.0
-SYSTEMS = ("calor", *baselines.NAMES)
+# Calor's column under each protocol: "calor" keeps its name from before there were two.
+CALOR_COLUMNS = {"metadata": "calor", "bare": "bare"}
 
 Json = dict[str, Any]
 
@@ -64,19 +68,25 @@ def _timestamp(moment: datetime) -> Timestamp:
     return stamp
 
 
-def store_haystack(stub: pb_grpc.MemoryServiceStub, channel: str, question: Question) -> list[str]:
-    """The question's turns stored in ``channel`` through one StoreStream; their ids."""
+def _store_request(channel: str, turn: Turn, protocol: str) -> pb.StoreRequest:
+    told = longmemeval.told(turn, protocol)
+    request = pb.StoreRequest(
+        channel=channel, text=turn.text, created_at=_timestamp(turn.created_at), tags=told.tags
+    )
+    if told.memory_type:
+        request.memory_type = memory_pb2.MemoryType.Value("MEMORY_TYPE_" + told.memory_type.upper())
+    if told.source:
+        request.source = memory_pb2.Source.Value("SOURCE_" + told.source.upper())
+    return request
+
+
+def store_haystack(
+    stub: pb_grpc.MemoryServiceStub, channel: str, question: Question, protocol: str
+) -> list[str]:
+    """The question's turns stored in ``channel`` through one StoreStream, as ``protocol``
+    tells them; their ids."""
     requests = (
-        pb.StoreStreamRequest(
-            store=pb.StoreRequest(
-                channel=channel,
-                text=turn.text,
-                memory_type=memory_pb2.MEMORY_TYPE_EPISODIC,
-                created_at=_timestamp(turn.created_at),
-                tags={"session": str(turn.session)},
-                source=memory_pb2.SOURCE_HUMAN if turn.by_user else memory_pb2.SOURCE_AGENT,
-            )
-        )
+        pb.StoreStreamRequest(store=_store_request(channel, turn, protocol))
         for turn in question.turns
     )
     ids = list(stub.StoreStream(requests, timeout=CALL_TIMEOUT_S).ids)
@@ -86,24 +96,23 @@ def store_haystack(stub: pb_grpc.MemoryServiceStub, channel: str, question: Ques
 
 
 def recall(
-    stub: pb_grpc.MemoryServiceStub, channel: str, question: Question, limit: int
+    stub: pb_grpc.MemoryServiceStub, channel: str, question: Question, limit: int, protocol: str
 ) -> tuple[list[str], float]:
     """The ids Calor recalls for the question, best first, and the call's milliseconds."""
     request = pb.RecallRequest(
-        channel=channel,
-        query=question.text,
-        limit=limit,
-        peek=True,
-        include_archived=True,
-        as_of=_timestamp(question.asked_at),
+        channel=channel, query=question.text, limit=limit, peek=True, include_archived=True
     )
+    moment = longmemeval.as_of(question, protocol)
+    if moment is not None:
+        request.as_of.CopyFrom(_timestamp(moment))
     started = time.perf_counter()
     reply = stub.Recall(request, timeout=60.0)
     return [hit.memory.id for hit in reply.hits], (time.perf_counter() - started) * 1000
 
 
-def run_calor(questions: Sequence[Question], measure_latency: bool) -> Json:
-    """Every question through a fresh server: rankings, timings, latencies."""
+def run_calor(questions: Sequence[Question], protocol: str, measure_latency: bool) -> Json:
+    """Every question through a fresh server, stored and asked as ``protocol`` says:
+    rankings, timings, latencies."""
     server = Server()
     rankings: list[list[int]] = []
     ingest_s = recall_s = 0.0
@@ -114,20 +123,23 @@ def run_calor(questions: Sequence[Question], measure_latency: bool) -> Json:
         for number, question in enumerate(questions):
             channel = f"lme-{number}"
             started = time.perf_counter()
-            ids = store_haystack(server.stub, channel, question)
+            ids = store_haystack(server.stub, channel, question, protocol)
             ingest_s += time.perf_counter() - started
             position = {memory_id: i for i, memory_id in enumerate(ids)}
             started = time.perf_counter()
-            hits, ms = recall(server.stub, channel, question, RECALL_LIMIT)
+            hits, ms = recall(server.stub, channel, question, RECALL_LIMIT, protocol)
             recall_s += time.perf_counter() - started
             scored_ms.append(ms)
             rankings.append([position[memory_id] for memory_id in hits])
             if measure_latency:
                 for _ in range(LATENCY_REPEATS):
-                    latency_ms.append(recall(server.stub, channel, question, LATENCY_LIMIT)[1])
+                    latency_ms.append(
+                        recall(server.stub, channel, question, LATENCY_LIMIT, protocol)[1]
+                    )
             if (number + 1) % 10 == 0 or number + 1 == len(questions):
                 print(
-                    f"  calor: {number + 1}/{len(questions)} questions, ingest {ingest_s:.0f} s",
+                    f"  calor ({protocol}): {number + 1}/{len(questions)} questions, "
+                    f"ingest {ingest_s:.0f} s",
                     flush=True,
                 )
         exit_code = server.stop()
@@ -171,8 +183,9 @@ def embedding_times(embedder: OnnxEmbedder, questions: Sequence[Question]) -> Js
     return summarize(times)
 
 
-def evaluate_split(split: str, limit: int | None) -> Json:
-    """One split: Calor through the server, the baselines beside it, all scored."""
+def evaluate_split(split: str, limit: int | None, protocols: Sequence[str]) -> Json:
+    """One split: Calor through the server under each protocol, the baselines beside it,
+    all scored."""
     questions = longmemeval.load(split, limit)
     turns = sum(len(q.turns) for q in questions)
     print(f"{split}: {len(questions)} questions, {turns} turns", flush=True)
@@ -180,10 +193,18 @@ def evaluate_split(split: str, limit: int | None) -> Json:
     cache = VectorCache(OnnxEmbedder.load(threads=2))
     plain = run_baselines(questions, cache)
     print(f"  baselines: {plain['timing']}", flush=True)
-    calor = run_calor(questions, measure_latency=split == "s")
+    calor = {
+        protocol: run_calor(questions, protocol, measure_latency=split == "s")
+        for protocol in protocols
+    }
     if split == "s":
-        calor["timing"]["query_embedding_alone"] = embedding_times(cache.embedder, questions)
-    systems = {"calor": calor["rankings"], **plain["rankings"]}
+        alone = embedding_times(cache.embedder, questions)
+        for run in calor.values():
+            run["timing"]["query_embedding_alone"] = alone
+    systems = {
+        **{CALOR_COLUMNS[protocol]: run["rankings"] for protocol, run in calor.items()},
+        **plain["rankings"],
+    }
     scores = {
         name: scoring.aggregate(
             questions, [scoring.score(q, r) for q, r in zip(questions, ranked, strict=True)]
@@ -195,47 +216,62 @@ def evaluate_split(split: str, limit: int | None) -> Json:
         "turns": turns,
         "mean_turns": round(turns / len(questions), 1),
         "seconds": round(time.perf_counter() - started, 1),
-        "calor_timing": calor["timing"],
+        "protocols": list(protocols),
+        "calor_timing": {protocol: run["timing"] for protocol, run in calor.items()},
         "baseline_timing": plain["timing"],
         "scores": scores,
     }
 
 
 def render(report: Json) -> str:
-    """Every split as rows of metrics by columns of systems: all metrics overall, the
-    headline ones per question type (the JSON holds every metric for every type)."""
+    """Every split as rows of metrics by columns of systems (Calor once per protocol): all
+    metrics overall, the headline ones per question type (the JSON holds every metric
+    for every type)."""
     lines = [
         f"Calor recall quality on LongMemEval (commit {report['machine']['git_commit']}"
         f"{'+dirty' if report['machine']['git_dirty'] else ''}, {report['timestamp']})",
+        "  columns: " + ", ".join(f"{c} = Calor, {p} protocol" for p, c in CALOR_COLUMNS.items()),
     ]
-    header = f"    {'':34}" + "".join(f"{name:>8}" for name in SYSTEMS)
     for split, result in report["splits"].items():
-        timing, scores = result["calor_timing"], result["scores"]
+        timings, scores = result["calor_timing"], result["scores"]
+        systems = [CALOR_COLUMNS[p] for p in result["protocols"]] + list(baselines.NAMES)
+        header = f"    {'':34}" + "".join(f"{name:>8}" for name in systems)
         lines += [
             "",
             f"{split}: {result['questions']} questions, {result['turns']} turns "
-            f"(mean {result['mean_turns']}/question), {result['seconds'] / 60:.1f} min "
-            f"(calor ingest {timing['ingest_s']:.0f} s at {timing['turns_per_s']} turns/s)",
+            f"(mean {result['mean_turns']}/question), {result['seconds'] / 60:.1f} min",
         ]
-        groups = ["overall"] + [g for g in scores["calor"] if g != "overall"]
+        for protocol, timing in timings.items():
+            lines.append(
+                f"  calor ({protocol}): ingest {timing['ingest_s']:.0f} s at "
+                f"{timing['turns_per_s']} turns/s"
+            )
+        first = systems[0]
+        groups = ["overall"] + [g for g in scores[first] if g != "overall"]
         for group in groups:
             metrics = scoring.METRICS if group == "overall" else scoring.HEADLINE
-            lines.append(f"  {group} ({int(scores['calor'][group]['questions'])} questions)")
+            lines.append(f"  {group} ({int(scores[first][group]['questions'])} questions)")
             lines.append(header)
             for metric in metrics:
-                values = "".join(f"{scores[name][group][metric]:>8.1f}" for name in SYSTEMS)
+                values = "".join(f"{scores[name][group][metric]:>8.1f}" for name in systems)
                 lines.append(f"    {metric:34}{values}")
-        if "recall_latency_limit_10" in timing:
+        for protocol, timing in timings.items():
+            if "recall_latency_limit_10" not in timing:
+                continue
             s = timing["recall_latency_limit_10"]
             lines.append(
-                f"  recall latency, {result['mean_turns']:.0f}-turn channels, limit 10, peek, "
-                f"query embedding included: p50 {s['p50_ms']:.1f} ms, p90 {s['p90_ms']:.1f}, "
-                f"p99 {s['p99_ms']:.1f} (n={s['n']})"
+                f"  recall latency ({protocol}), {result['mean_turns']:.0f}-turn channels, "
+                f"limit 10, peek, query embedding included: p50 {s['p50_ms']:.1f} ms, "
+                f"p90 {s['p90_ms']:.1f}, p99 {s['p99_ms']:.1f} (n={s['n']})"
             )
-            e = timing["query_embedding_alone"]
+        alone = next(
+            (t["query_embedding_alone"] for t in timings.values() if "query_embedding_alone" in t),
+            None,
+        )
+        if alone is not None:
             lines.append(
                 f"  of which the query embedding alone (same questions, in-process, 2 threads): "
-                f"p50 {e['p50_ms']:.1f} ms, p90 {e['p90_ms']:.1f}"
+                f"p50 {alone['p50_ms']:.1f} ms, p90 {alone['p90_ms']:.1f}"
             )
     return "\n".join(lines)
 
@@ -247,14 +283,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--oracle-questions", type=int, default=None, help="scored oracle questions (all)"
     )
+    parser.add_argument(
+        "--protocols",
+        default=",".join(longmemeval.PROTOCOLS),
+        help="comma-separated: " + ", ".join(longmemeval.PROTOCOLS),
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    unknown = set(protocols) - set(longmemeval.PROTOCOLS)
+    if unknown or not protocols:
+        parser.error(f"--protocols: one or more of {', '.join(longmemeval.PROTOCOLS)}")
     timestamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     report: Json = {"timestamp": timestamp, "machine": machine_info(), "splits": {}}
     for split in splits:
         limit = args.questions if split == "s" else args.oracle_questions
-        report["splits"][split] = evaluate_split(split, limit)
+        report["splits"][split] = evaluate_split(split, limit, protocols)
     table = render(report)
     print("\n" + table)
     report["table"] = table

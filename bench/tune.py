@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baselines  # noqa: E402
 import longmemeval  # noqa: E402
 import scoring  # noqa: E402
-from longmemeval import Question  # noqa: E402
+from longmemeval import Question, Turn  # noqa: E402
 from vectors import VectorCache  # noqa: E402
 
 from calor.models.embedder import OnnxEmbedder  # noqa: E402
@@ -47,9 +48,13 @@ def policy_with(settings: Sequence[str]) -> ChannelPolicy:
 
 
 def calor_rankings(
-    questions: Sequence[Question], cache: VectorCache, policy: ChannelPolicy
+    questions: Sequence[Question],
+    cache: VectorCache,
+    policy: ChannelPolicy,
+    protocol: str = "metadata",
 ) -> list[list[int]]:
-    """Each question's haystack stored in its own channel; its recall as turn indices."""
+    """Each question's haystack stored in its own channel as ``protocol`` tells it; its
+    recall as turn indices."""
     rankings: list[list[int]] = []
     with tempfile.TemporaryDirectory(prefix="calor-tune-") as folder:
         store = MemoryStore.open(
@@ -60,17 +65,7 @@ def calor_rankings(
             channel = f"q{number}"
             engine.channels.set_policy(channel, policy)
             turn_vectors, query_vector = cache.get(question)
-            items = [
-                NewMemory(
-                    channel=channel,
-                    text=turn.text,
-                    memory_type="episodic",
-                    created_at=turn.created_at.timestamp(),
-                    tags={"session": str(turn.session)},
-                    source="human" if turn.by_user else "agent",
-                )
-                for turn in question.turns
-            ]
+            items = [_new_memory(channel, turn, protocol) for turn in question.turns]
             stored = engine.store(items, turn_vectors)
             position = {s.record.id: i for i, s in enumerate(stored)}
             query = RecallQuery(
@@ -79,12 +74,28 @@ def calor_rankings(
                 limit=RECALL_LIMIT,
                 peek=True,
                 include_archived=True,
-                as_of=question.asked_at.timestamp(),
+                as_of=_seconds(longmemeval.as_of(question, protocol)),
             )
             hits = engine.recall(query, query_vector).hits
             rankings.append([position[h.record.id] for h in hits])
         store.close()
     return rankings
+
+
+def _new_memory(channel: str, turn: Turn, protocol: str) -> NewMemory:
+    told = longmemeval.told(turn, protocol)
+    return NewMemory(
+        channel=channel,
+        text=turn.text,
+        memory_type=told.memory_type,
+        created_at=turn.created_at.timestamp(),
+        tags=told.tags,
+        **({"source": told.source} if told.source else {}),
+    )
+
+
+def _seconds(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
 
 
 ABLATIONS: dict[str, list[str]] = {
@@ -122,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], help="recall weight, name=value")
     parser.add_argument("--ablation", action="store_true", help="every piece off in turn")
+    parser.add_argument("--protocol", choices=longmemeval.PROTOCOLS, default="metadata")
     parser.add_argument("--out", type=Path, default=Path("/tmp/tune-last.json"))
     args = parser.parse_args(argv)
     cache = VectorCache(OnnxEmbedder.load(threads=2))
@@ -130,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems: dict[str, list[list[int]]] = {}
     for name, settings in variants.items():
         started = time.perf_counter()
-        systems[name] = calor_rankings(questions, cache, policy_with(settings))
+        systems[name] = calor_rankings(questions, cache, policy_with(settings), args.protocol)
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     systems.update(baselines.rank_questions(questions, cache))
     report = {
@@ -139,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for name, ranked in systems.items()
     }
-    print(f"{args.split}: {len(questions)} questions")
+    print(f"{args.split}, {args.protocol} protocol: {len(questions)} questions")
     print(markdown({name: groups["overall"] for name, groups in report.items()}))
     args.out.write_text(json.dumps(report, indent=1))
     return 0
