@@ -23,7 +23,7 @@ def _index(*texts: str) -> LexicalIndex:
 
 def test_public_surface() -> None:
     assert lexical.__all__ == sorted(lexical.__all__)
-    assert lexical.__all__ == ["LexicalIndex", "Match", "keyword_overlap", "tokenize"]
+    assert lexical.__all__ == ["Corpus", "LexicalIndex", "Match", "keyword_overlap", "tokenize"]
 
 
 def test_tokenize_lowercases_drops_stopwords_and_apostrophes() -> None:
@@ -289,6 +289,33 @@ def test_the_index_agrees_with_the_formula_through_adds_and_removes(
     for doc_id in range(14):
         wanted = keyword_overlap(terms, texts[doc_id]) if doc_id in texts else 0.0
         assert overlaps[doc_id] == pytest.approx(wanted)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.tuples(st.booleans(), _texts), min_size=1, max_size=16), query=_texts)
+def test_indexes_searched_together_score_as_one(texts: list[tuple[bool, str]], query: str) -> None:
+    """A channel's live memories and its attic are two indexes: weighed by the sum of
+    their statistics, each memory scores as it would in one index holding them all."""
+    live, attic, every = LexicalIndex(), LexicalIndex(), {}
+    for doc_id, (archived, text) in enumerate(texts):
+        (attic if archived else live).add(doc_id, text)
+        every[doc_id] = text
+    corpus = live.corpus(query) + attic.corpus(query)
+    expected = _reference(every, query)
+    ids = np.arange(len(texts))
+    scores = live.match(query, corpus).scores(ids) + attic.match(query, corpus).scores(ids)
+    for doc_id in range(len(texts)):
+        assert scores[doc_id] == pytest.approx(expected.get(doc_id, 0.0), rel=1e-9, abs=1e-12)
+    whole = _index_at(every).match(query)
+    for half in (live, attic):
+        assert half.match(query, corpus).ceiling == pytest.approx(whole.ceiling)
+
+
+def _index_at(texts: dict[int, str]) -> LexicalIndex:
+    index = LexicalIndex()
+    for doc_id, text in texts.items():
+        index.add(doc_id, text)
+    return index
 
 
 def test_compaction_keeps_every_live_score() -> None:

@@ -3,16 +3,19 @@ shown by turning its weight off."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import settings_service_pb2 as spb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
-from tests.helpers import EPISODIC, store
+from tests.helpers import EPISODIC, FACT, store
 
 HUMAN = memory_pb2.SOURCE_HUMAN
 AGENT = memory_pb2.SOURCE_AGENT
@@ -75,3 +78,37 @@ def test_what_a_person_said_outranks_the_agent_saying_the_same(
     assert hits[1].source == pytest.approx(0.30 * 0.7)
     set_weight(settings, channel_name, "weight_source", 0.0)
     assert all(h.source == 0.0 for h in recall(memories, channel_name, "where is the key?").hits)
+
+
+def test_words_weigh_the_same_in_the_attic_as_in_the_live_index(
+    memories: MemoryServiceStub, settings: SettingsServiceStub, channel_name: str
+) -> None:
+    """A recall with include_archived searches two indexes; BM25 weighs the query's words
+    by what both hold, so the same text scores the same words wherever it lives."""
+    text = "The Zanzibar office keys hang by the blue door."
+    years_ago = Timestamp(seconds=int(time.time()) - 3 * 365 * 86400)
+    store(memories, channel_name, text, memory_type=FACT)  # stays live
+    store(memories, channel_name, text, memory_type=EPISODIC, created_at=years_ago)  # attic
+    for n in range(12):  # the live index alone holds many more memories naming the keys
+        store(
+            memories,
+            channel_name,
+            f"Spare keys number {n} are kept in the top drawer of the cabinet in hall {n}.",
+            memory_type=FACT,
+        )
+    set_weight(settings, channel_name, "weight_lexical", 1.0)
+    both = memories.Recall(
+        pb.RecallRequest(
+            channel=channel_name,
+            query="Where are the Zanzibar office keys, and which drawer?",
+            limit=20,
+            peek=True,
+            include_archived=True,
+        )
+    )
+    same = [h for h in both.hits if h.memory.text == text]
+    assert sorted(h.memory.state for h in same) == sorted(
+        [memory_pb2.MEMORY_STATE_ACTIVE, memory_pb2.MEMORY_STATE_ARCHIVED]
+    ), "one copy live, one in the attic"
+    assert same[0].lexical > 0.0
+    assert same[0].lexical == pytest.approx(same[1].lexical)

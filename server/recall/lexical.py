@@ -7,7 +7,8 @@ import math
 import re
 from array import array
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy.typing as npt
 
 from calor.server.errors import InvalidArgumentError
 
-__all__ = ["LexicalIndex", "Match", "keyword_overlap", "tokenize"]
+__all__ = ["Corpus", "LexicalIndex", "Match", "keyword_overlap", "tokenize"]
 
 _K1 = 1.2
 _INT = "i"  # postings, counts and term ids are packed as 32-bit ints
@@ -116,6 +117,32 @@ def keyword_overlap(query_terms: Sequence[str], text: str) -> float:
         return 0.0
     found = wanted.intersection(tokenize(text))
     return len(found) / len(wanted)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What BM25 weighs a query's terms by: how many documents there are, their total
+    length, and how many hold each term. One index's own, or the sum over several
+    searched together (a channel's live memories and its attic), so that their scores
+    mean the same."""
+
+    docs: int
+    total_len: int
+    df: Mapping[str, int]
+
+    def ceiling(self) -> float:
+        """The BM25 score no document can reach here: every query term some document
+        holds, at unbounded frequency (summed most common first, then by term)."""
+        held = sorted((-n, term) for term, n in self.df.items() if n > 0)
+        return sum(_idf(self.docs, -negative) * (_K1 + 1.0) for negative, _ in held)
+
+    def __add__(self, other: Corpus) -> Corpus:
+        terms = self.df.keys() | other.df.keys()
+        return Corpus(
+            self.docs + other.docs,
+            self.total_len + other.total_len,
+            {term: self.df.get(term, 0) + other.df.get(term, 0) for term in terms},
+        )
 
 
 class LexicalIndex:
@@ -229,32 +256,43 @@ class LexicalIndex:
         if self._dead_postings * 2 > self._postings:
             self._compact()
 
-    def match(self, query: str) -> Match:
+    def corpus(self, query: str) -> Corpus:
+        """This index's :class:`Corpus` for the terms of ``query``."""
+        df = {}
+        for term in dict.fromkeys(tokenize(query)):
+            term_id = self._term_ids.get(term)
+            if term_id is not None and self._df[term_id] > 0:
+                df[term] = self._df[term_id]
+        return Corpus(self._docs, self._total_len, df)
+
+    def match(self, query: str, corpus: Corpus | None = None) -> Match:
         """Score every document against a query in one pass (see :class:`Match`).
 
         Each distinct query term counts once, however often the query repeats it.
 
         Args:
             query: Free text; tokenized like the documents.
+            corpus: The statistics to weigh terms by, when this index is searched
+                together with others (see :class:`Corpus`); this index's own if None.
         """
         wanted = dict.fromkeys(tokenize(query))
         scores = np.zeros(len(self._alive), dtype=np.float64)
         holds = np.zeros(len(self._alive), dtype=np.int32)
-        ceiling = 0.0
-        base, per_len = self._length_norm()
+        if corpus is None:
+            corpus = self.corpus(query)
+        base, per_len = _length_norm(corpus)
         lengths = np.frombuffer(self._doc_len, dtype=np.int32)
-        for term_id, weight in self._query_terms(wanted):
+        for term_id, weight in self._query_terms(wanted, corpus):
             docs = self._postings_of(term_id)
             tf = np.frombuffer(self._post_tf[term_id], dtype=np.int32).astype(np.float64)
             # tf·(k1+1) / (tf + k1·(1 − b + b·len/avglen)), with k1+1 folded into weight.
             scores[docs] += weight * tf / (tf + base + per_len * lengths[docs])
             holds[docs] += 1
-            ceiling += weight
         if self._dead_postings:
             dead = np.frombuffer(self._alive, dtype=np.uint8) == 0
             scores[dead] = 0.0
             holds[dead] = 0
-        return Match(scores, holds, ceiling, len(wanted))
+        return Match(scores, holds, corpus.ceiling(), len(wanted))
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Find the documents that best match a query.
@@ -330,32 +368,36 @@ class LexicalIndex:
         self._postings -= self._dead_postings
         self._dead_postings = 0
 
-    def _query_terms(self, terms: Collection[str]) -> list[tuple[int, float]]:
-        """Term id and weight, idf·(k1+1), of each of the (distinct) query terms some
-        document holds. Most common first, then by term, so that a score is always
-        summed in the same order and equal documents get bit-for-bit equal scores."""
+    def _query_terms(self, terms: Collection[str], corpus: Corpus) -> list[tuple[int, float]]:
+        """Term id and weight, idf·(k1+1) in ``corpus``, of each of the (distinct) query
+        terms some document here holds. Most common first, then by term, so that a score
+        is always summed in the same order and equal documents get bit-for-bit equal
+        scores."""
         found = []
         for term in terms:
             term_id = self._term_ids.get(term)
             if term_id is not None and self._df[term_id] > 0:
-                found.append((-self._df[term_id], term, term_id))
+                found.append((-corpus.df.get(term, 0), term, term_id))
         found.sort()
         return [
-            (term_id, self._idf(-negative_df) * (_K1 + 1.0)) for negative_df, _, term_id in found
+            (term_id, _idf(corpus.docs, -negative_df) * (_K1 + 1.0))
+            for negative_df, _, term_id in found
         ]
 
-    def _length_norm(self) -> tuple[float, float]:
-        """The BM25 denominator's constant part and its factor on document length.
 
-        k1·(1 − b + b·len/avglen) = k1·(1 − b) + (k1·b·N / total_len)·len.
-        """
-        if not self._total_len:
-            return _K1 * (1.0 - _B), 0.0  # no document has a term; nothing will match
-        return _K1 * (1.0 - _B), _K1 * _B * self._docs / self._total_len
+def _length_norm(corpus: Corpus) -> tuple[float, float]:
+    """The BM25 denominator's constant part and its factor on document length.
 
-    def _idf(self, doc_freq: int) -> float:
-        """BM25 idf, ln(1 + (N − n + 0.5) / (n + 0.5)); always positive."""
-        return math.log(1.0 + (self._docs - doc_freq + 0.5) / (doc_freq + 0.5))
+    k1·(1 − b + b·len/avglen) = k1·(1 − b) + (k1·b·N / total_len)·len.
+    """
+    if not corpus.total_len:
+        return _K1 * (1.0 - _B), 0.0  # no document has a term; nothing will match
+    return _K1 * (1.0 - _B), _K1 * _B * corpus.docs / corpus.total_len
+
+
+def _idf(docs: int, doc_freq: int) -> float:
+    """BM25 idf, ln(1 + (N − n + 0.5) / (n + 0.5)); always positive."""
+    return math.log(1.0 + (docs - doc_freq + 0.5) / (doc_freq + 0.5))
 
 
 class Match:

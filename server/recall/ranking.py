@@ -31,7 +31,7 @@ from calor.server.recall.columns import (
     type_code,
 )
 from calor.server.recall.index import ChannelIndex
-from calor.server.recall.lexical import Match
+from calor.server.recall.lexical import Corpus, Match
 from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.gates import fidelity_admits
@@ -139,6 +139,7 @@ def rank_channel(
     own: bool,
     top: int | None = None,
     bulk: bool = True,
+    corpus: Corpus | None = None,
 ) -> list[Hit]:
     """Score one index's candidates for the query; unsorted, filters applied.
 
@@ -147,9 +148,11 @@ def rank_channel(
     id) are returned; None returns every candidate that passes. Candidates are scored
     in bulk from the index's columns; ``bulk=False`` scores each from its record with
     the same formula (what the bulk path is checked against), as the few the columns
-    do not cover always are.
+    do not cover always are. ``corpus``: the word statistics of every index the recall
+    searches beside this one, so that their words weigh the same (this index's own if
+    None).
     """
-    words = index.lexical.match(query.query)
+    words = index.lexical.match(query.query, corpus)
     similarity, lexical = _candidates(index, words, query_vector, candidate_pool(query))
     if not similarity:
         return []
