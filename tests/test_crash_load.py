@@ -52,6 +52,7 @@ ALL_STATES = [s for s in memory_pb2.MemoryState.values() if s]
 HALF_LIFE_S = 86_400.0  # episodic; every other type decays slower
 RECALL_CHECKS = 60  # memories written in a round that a recall looks for afterwards
 CALL_TIMEOUT_S = 60.0
+_BATCH_JITTER = 0.003  # how far a text's embedding moves with the batch it is embedded in
 MIX = (
     ("stream", 24),
     ("store", 10),
@@ -393,7 +394,8 @@ def check_store(
             if r.state != DELETED and ((r.channel, r.id) in written or r.text in texts)
         ]
         # The int8 model's results move a little with the batch a text was embedded in:
-        # an embedding is its text's when that text is the nearest of them all.
+        # an embedding is its text's when no other text is nearer by more than that
+        # (two texts of a round may differ in their tag alone).
         vectors = embedder.embed_passages([r.text for r in records]) if records else None
         for n, record in enumerate(records):
             stored = store.get_vector(record.channel, record.id)
@@ -404,7 +406,7 @@ def check_store(
             similarities = vectors @ stored
             nearest = int(np.argmax(similarities))
             verdict.expect(
-                nearest == n and similarities[n] > 0.98,
+                similarities[n] >= similarities[nearest] - _BATCH_JITTER and similarities[n] > 0.98,
                 f"{record.id}: its embedding is of {records[nearest].text!r} "
                 f"({similarities[nearest]:.4f}), not of {record.text!r} ({similarities[n]:.4f})",
             )

@@ -10,6 +10,7 @@ import logging
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -428,3 +429,36 @@ def test_a_record_table_with_a_reader_keeps_the_recent_records_and_reads_the_res
     table.clear()
     reads.clear()
     assert table.get("a") is None and not reads, "a dropped channel reads nothing more"
+
+
+def test_a_record_read_from_the_store_never_hides_a_change_made_during_the_read() -> None:
+    """A reader without the channel's lock reads a record from RocksDB while a writer
+    commits a change to it and applies it to the view: the view keeps the change (a
+    forget must not come back as the live record read before it, nor a heat be lost)."""
+    stored = {i: _record(i) for i in "ab"}
+    meanwhile: list[Callable[[str], None]] = []  # what a writer does during the next read
+
+    def reader(memory_id: str) -> MemoryRecord | None:
+        before = stored.get(memory_id)
+        while meanwhile:
+            meanwhile.pop()(memory_id)
+        return before
+
+    def forget(memory_id: str) -> None:
+        stored[memory_id] = _record(memory_id, "deleted")
+        table[memory_id] = stored[memory_id]
+
+    def heat(memory_id: str) -> None:
+        stored[memory_id] = replace(stored[memory_id], heat0=0.9, t0=10.0)
+        table.set_heats({memory_id: 0.9}, 10.0, 1)
+
+    table = RecordTable(reader=reader, cached=1)
+    table["a"], table["b"] = stored["a"], stored["b"]  # a is read from the store
+    meanwhile.append(forget)
+    assert table["a"].state == "active", "the reader gets what it read"
+    assert table["a"].state == "deleted", "the view holds the forget, not the older read"
+    assert table.by_state == {"active": 1, "deleted": 1}
+    table["b"]  # b kept, a read from the store again
+    meanwhile.append(heat)
+    assert table["a"].heat0 == 1.0
+    assert table["a"].heat0 == 0.9, "the heat written during the read is not lost"

@@ -5,6 +5,7 @@ channel's memories), and the full records of the memories used most recently."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -46,6 +47,11 @@ class RecordTable(Mapping[str, MemoryRecord]):
         self._full: OrderedDict[str, MemoryRecord] = OrderedDict()
         self._reader = reader
         self._cached = RECORDS_CACHED if cached is None else cached
+        # Changes counted, so a record read from the store without the channel's lock is
+        # kept only if nothing changed the table during the read: else it may be older
+        # than what the change put in place (a forget, a heat), and would hide it.
+        self._changes = 0
+        self._changing = threading.Lock()
         for key, record in records:
             self[key] = record
 
@@ -68,10 +74,13 @@ class RecordTable(Mapping[str, MemoryRecord]):
             return record
         if self._reader is None or memory_id not in self._states:
             raise KeyError(memory_id)
+        changes = self._changes
         record = self._reader(memory_id)
         if record is None:
             raise KeyError(memory_id)
-        self._keep(memory_id, record)
+        with self._changing:
+            if self._changes == changes:
+                self._keep(memory_id, record)
         return record
 
     def state(self, memory_id: str) -> str | None:
@@ -85,33 +94,39 @@ class RecordTable(Mapping[str, MemoryRecord]):
         return [memory_id for memory_id, state in self._states.items() if state in wanted]
 
     def __setitem__(self, memory_id: str, record: MemoryRecord) -> None:
-        before = self._states.get(memory_id)
-        if before is not None:
-            self._uncount(before)
-        self._states[memory_id] = record.state
-        self.by_state[record.state] += 1
-        self._keep(memory_id, record)
+        with self._changing:
+            self._changes += 1
+            before = self._states.get(memory_id)
+            if before is not None:
+                self._uncount(before)
+            self._states[memory_id] = record.state
+            self.by_state[record.state] += 1
+            self._keep(memory_id, record)
 
     def set_heats(self, heats: Mapping[str, float], at: float, interactions: int) -> None:
         """Memories whose heat alone changed (materialised at ``at``). A record read from
         the store carries it; one without a store to read from is replaced here."""
-        for memory_id, heat0 in heats.items():
-            held = self._full.get(memory_id)
-            if held is None:
-                continue
-            if self._reader is not None:
-                del self._full[memory_id]
-            else:
-                self._full[memory_id] = replace(
-                    held, heat0=heat0, t0=at, interactions0=interactions, updated_at=at
-                )
+        with self._changing:
+            self._changes += 1
+            for memory_id, heat0 in heats.items():
+                held = self._full.get(memory_id)
+                if held is None:
+                    continue
+                if self._reader is not None:
+                    del self._full[memory_id]
+                else:
+                    self._full[memory_id] = replace(
+                        held, heat0=heat0, t0=at, interactions0=interactions, updated_at=at
+                    )
 
     def clear(self) -> None:
         """Forget every memory (a dropped channel): nothing is read from the store again."""
-        self._states.clear()
-        self._full.clear()
-        self.by_state.clear()
-        self._reader = None
+        with self._changing:
+            self._changes += 1
+            self._states.clear()
+            self._full.clear()
+            self.by_state.clear()
+            self._reader = None
 
     def _keep(self, memory_id: str, record: MemoryRecord) -> None:
         self._full[memory_id] = record
