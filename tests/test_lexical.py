@@ -23,7 +23,14 @@ def _index(*texts: str) -> LexicalIndex:
 
 def test_public_surface() -> None:
     assert lexical.__all__ == sorted(lexical.__all__)
-    assert lexical.__all__ == ["Corpus", "LexicalIndex", "Match", "keyword_overlap", "tokenize"]
+    assert lexical.__all__ == [
+        "Corpus",
+        "FUNCTION_WORDS",
+        "LexicalIndex",
+        "Match",
+        "keyword_overlap",
+        "tokenize",
+    ]
 
 
 def test_tokenize_lowercases_drops_stopwords_and_apostrophes() -> None:
@@ -38,6 +45,26 @@ def test_tokenize_lowercases_drops_stopwords_and_apostrophes() -> None:
     assert tokenize("Don't deploy v1.5 on_friday") == ["dont", "deploy", "v1", "5", "friday"]
     assert tokenize("") == []
     assert tokenize("the and of it") == []
+
+
+def test_who_said_it_and_negations_stay_searchable() -> None:
+    """In a conversation the pronouns say whose words a text holds, and a negation
+    says the opposite: neither is dropped as a stopword."""
+    assert tokenize("I did not say you were late") == [
+        "i",
+        "did",
+        "not",
+        "say",
+        "you",
+        "were",
+        "late",
+    ]
+    index = _index(
+        "Your sister moved to Lisbon in spring.",
+        "My sister moved to Lisbon last spring.",
+        "The ferry to Lisbon was late.",
+    )
+    assert [label for label, _ in index.search("where did my sister move", k=3)][:1] == [2]
 
 
 def test_tokenize_keeps_letters_of_any_script() -> None:
@@ -197,6 +224,10 @@ def test_score_docs_agrees_with_search() -> None:
         ("deploy deploy server", "deploys", 0.5),
         ("the of", "the of", 0.0),
         ("deploy", "", 0.0),
+        # a question's wording echoed is not overlap; who it is about is
+        ("which platform does train 12 leave from", "Which platform does train 21 leave?", 0.75),
+        ("which platform does train 12 leave from", "Train 12 will leave from platform 4", 1.0),
+        ("what did I do", "What did you do?", 0.0),
     ],
 )
 def test_keyword_overlap(query: str, text: str, expected: float) -> None:
@@ -217,6 +248,11 @@ def test_overlap_reads_the_index_like_keyword_overlap() -> None:
     )
     assert overlap.tolist() == [0.75, 0.0, 0.0]
     assert index.match("the of and").overlap(np.array([1])).tolist() == [0.0]
+    index.add(2, "Which platform does train 21 leave from?")
+    query = "which platform does train 12 leave from"
+    assert index.match(query).overlap(np.array([2]))[0] == keyword_overlap(
+        tokenize(query), "Which platform does train 21 leave from?"
+    )
 
 
 def test_the_ceiling_is_every_indexed_query_term_at_full_weight() -> None:

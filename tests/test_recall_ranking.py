@@ -43,7 +43,7 @@ def test_a_rare_name_in_the_query_lifts_the_memory_that_holds_it(
     memories: MemoryServiceStub, settings: SettingsServiceStub, channel_name: str
 ) -> None:
     query = "When did I go to the Turbocharged Tuesdays meetup?"
-    named = "By the way, Turbocharged Tuesdays was packed with people this week."
+    named = "By the way, I found Turbocharged Tuesdays packed with people this week."
     words, meaning = channel_name + "-words", channel_name + "-meaning"
     for name in (words, meaning):
         store(memories, name, named, memory_type=EPISODIC)

@@ -21,7 +21,7 @@ from calor.models.contrast import contradiction
 from calor.models.valence import valence
 from calor.server.commands import NewMemory
 from calor.server.engine.channel import Channel
-from calor.server.recall.lexical import tokenize
+from calor.server.recall.lexical import FUNCTION_WORDS, tokenize
 from calor.server.records import ACTIVE, COLD, MemoryRecord
 
 __all__ = [
@@ -50,6 +50,13 @@ _NEGATIONS = frozenset(
     tokenize(
         "not no never none nobody nothing neither nor cannot without "
         "don't doesn't didn't isn't aren't wasn't weren't won't can't"
+    )
+)
+# Who a statement is by or about; two statements are compared by their subjects alone.
+_PRONOUNS = frozenset(
+    tokenize(
+        "i me my mine myself you your yours yourself we us our ours he him his she her hers "
+        "they them their theirs"
     )
 )
 _QUOTED = 300  # characters of a text quoted in a message or a finding
@@ -200,8 +207,9 @@ def _opposite_feeling(text: str, record: MemoryRecord, tuning: EvaluationTuning)
 
 
 def _subject(text: str) -> frozenset[str]:
-    """What a text is about, as its terms without the words that negate it."""
-    return frozenset(tokenize(text)) - _NEGATIONS
+    """What a text is about, as its terms without function words, pronouns or the words
+    that negate it."""
+    return frozenset(tokenize(text)) - _NEGATIONS - FUNCTION_WORDS - _PRONOUNS
 
 
 def _overlap(first: frozenset[str], second: frozenset[str]) -> float:

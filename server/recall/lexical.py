@@ -17,21 +17,20 @@ import numpy.typing as npt
 
 from calor.server.errors import InvalidArgumentError
 
-__all__ = ["Corpus", "LexicalIndex", "Match", "keyword_overlap", "tokenize"]
+__all__ = ["Corpus", "FUNCTION_WORDS", "LexicalIndex", "Match", "keyword_overlap", "tokenize"]
 
 _K1 = 1.2
 _INT = "i"  # postings, counts and term ids are packed as 32-bit ints
 _B = 0.75
 
-# Function words that say nothing about what a memory is about. Kept short on purpose:
-# words like "not", "before" or "after" can matter to a memory and stay searchable.
+# Function words that say nothing about what a memory is about: Lucene's English list
+# without its negations ("no", "not": a memory that says the opposite must still be
+# found). Pronouns and question words stay searchable: in a conversation "i", "my" and
+# "you" say who did what.
 _STOPWORDS: frozenset[str] = frozenset(
     """
-    a about am an and any are as at be been being but by can could did do does doing
-    for from had has have having he her here hers him his how i if in into is it its
-    itself just me my of on or our ours she so some such than that the their theirs
-    them then there these they this those to too us was we were what when where which
-    while who whom why will with would you your yours
+    a an and are as at be but by for if in into is it of on or such that the their
+    then there these they this to was will with
     """.split()
 )
 
@@ -101,6 +100,20 @@ def _undouble(stem: str) -> str:
     return stem
 
 
+FUNCTION_WORDS: frozenset[str] = frozenset(
+    tokenize(
+        "a about am an and any are as at be been being but by can could did do does doing "
+        "for from had has have having here how if in into is it its itself just of on or "
+        "so some such than that the then there these this those to too was were what "
+        "when where which while who whom why will with would"
+    )
+)
+"""Terms that frame a sentence rather than say what or who it is about (auxiliaries,
+question words, connectives). BM25 weighs them like any term (a rare one counts); the
+keyword overlap counts only the others, so a memory that echoes a question's wording
+is not more about it. Pronouns are not among them: "my" or "you" says whose it is."""
+
+
 def keyword_overlap(query_terms: Sequence[str], text: str) -> float:
     """Measure how many of the query's terms a text contains.
 
@@ -112,7 +125,7 @@ def keyword_overlap(query_terms: Sequence[str], text: str) -> float:
         The fraction of distinct query terms found in the text, from 0 to 1; 0 when
         there are no query terms.
     """
-    wanted = set(query_terms)
+    wanted = set(query_terms) - FUNCTION_WORDS
     if not wanted:
         return 0.0
     found = wanted.intersection(tokenize(text))
@@ -282,17 +295,18 @@ class LexicalIndex:
             corpus = self.corpus(query)
         base, per_len = _length_norm(corpus)
         lengths = np.frombuffer(self._doc_len, dtype=np.int32)
-        for term_id, weight in self._query_terms(wanted, corpus):
+        for term, term_id, weight in self._query_terms(wanted, corpus):
             docs = self._postings_of(term_id)
             tf = np.frombuffer(self._post_tf[term_id], dtype=np.int32).astype(np.float64)
             # tf·(k1+1) / (tf + k1·(1 − b + b·len/avglen)), with k1+1 folded into weight.
             scores[docs] += weight * tf / (tf + base + per_len * lengths[docs])
-            holds[docs] += 1
+            if term not in FUNCTION_WORDS:
+                holds[docs] += 1
         if self._dead_postings:
             dead = np.frombuffer(self._alive, dtype=np.uint8) == 0
             scores[dead] = 0.0
             holds[dead] = 0
-        return Match(scores, holds, corpus.ceiling(), len(wanted))
+        return Match(scores, holds, corpus.ceiling(), len(wanted.keys() - FUNCTION_WORDS))
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Find the documents that best match a query.
@@ -368,8 +382,8 @@ class LexicalIndex:
         self._postings -= self._dead_postings
         self._dead_postings = 0
 
-    def _query_terms(self, terms: Collection[str], corpus: Corpus) -> list[tuple[int, float]]:
-        """Term id and weight, idf·(k1+1) in ``corpus``, of each of the (distinct) query
+    def _query_terms(self, terms: Collection[str], corpus: Corpus) -> list[tuple[str, int, float]]:
+        """Term, id and weight, idf·(k1+1) in ``corpus``, of each of the (distinct) query
         terms some document here holds. Most common first, then by term, so that a score
         is always summed in the same order and equal documents get bit-for-bit equal
         scores."""
@@ -380,8 +394,8 @@ class LexicalIndex:
                 found.append((-corpus.df.get(term, 0), term, term_id))
         found.sort()
         return [
-            (term_id, _idf(corpus.docs, -negative_df) * (_K1 + 1.0))
-            for negative_df, _, term_id in found
+            (term, term_id, _idf(corpus.docs, -negative_df) * (_K1 + 1.0))
+            for negative_df, term, term_id in found
         ]
 
 
@@ -401,7 +415,8 @@ def _idf(docs: int, doc_freq: int) -> float:
 
 
 class Match:
-    """Every document's BM25 score for one query, and how many of its terms each holds."""
+    """Every document's BM25 score for one query, and how many of its terms each holds
+    (terms that are not :data:`FUNCTION_WORDS`)."""
 
     __slots__ = ("_holds", "_scores", "_terms", "ceiling")
 
