@@ -21,7 +21,10 @@ __all__ = ["Corpus", "FUNCTION_WORDS", "LexicalIndex", "Match", "keyword_overlap
 
 _K1 = 1.2
 _INT = "i"  # postings, counts and term ids are packed as 32-bit ints
-_B = 0.75
+# Full length normalisation (b = 1): a term's count in a memory is weighed against the
+# memory's length wholly, so a long reply that names a subject among many others does
+# not outscore a short memory about it.
+_B = 1.0
 
 # Function words that say nothing about what a memory is about: Lucene's English list
 # without its negations ("no", "not": a memory that says the opposite must still be
