@@ -292,6 +292,7 @@ class LexicalIndex:
                 together with others (see :class:`Corpus`); this index's own if None.
         """
         wanted = dict.fromkeys(tokenize(query))
+        counted = wanted.keys() - FUNCTION_WORDS  # the terms the keyword overlap counts
         scores = np.zeros(len(self._alive), dtype=np.float64)
         holds = np.zeros(len(self._alive), dtype=np.int32)
         if corpus is None:
@@ -303,13 +304,13 @@ class LexicalIndex:
             tf = np.frombuffer(self._post_tf[term_id], dtype=np.int32).astype(np.float64)
             # tf·(k1+1) / (tf + k1·(1 − b + b·len/avglen)), with k1+1 folded into weight.
             scores[docs] += weight * tf / (tf + base + per_len * lengths[docs])
-            if term not in FUNCTION_WORDS:
+            if term in counted:
                 holds[docs] += 1
         if self._dead_postings:
             dead = np.frombuffer(self._alive, dtype=np.uint8) == 0
             scores[dead] = 0.0
             holds[dead] = 0
-        return Match(scores, holds, corpus.ceiling(), len(wanted.keys() - FUNCTION_WORDS))
+        return Match(scores, holds, corpus.ceiling(), len(counted))
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Find the documents that best match a query.
