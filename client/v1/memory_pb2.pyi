@@ -525,8 +525,8 @@ class ChannelSettings(_message.Message):
     default_importance: _builtins.float
     """Importance (0..1) of a memory stored without one, before source trust."""
     weight_lexical: _builtins.float
-    """Weight of a memory's BM25 score (as a fraction of the best candidate's) in its
-    relevance, beside its cosine similarity.
+    """Weight of a memory's BM25 score (as a fraction of the best score any memory could
+    reach for the query) in its relevance, beside its cosine similarity.
     """
     weight_source: _builtins.float
     """Weight of a memory's source trust (human 1.0, agent 0.7, extracted 0.7, ingest 0.5)."""

@@ -349,7 +349,7 @@ class RecallHit(_message.Message):
     """The heat the ranking used (before any recall bump)."""
     channel_bonus: _builtins.float
     lexical: _builtins.float
-    """BM25 score as a fraction of the best-matching candidate's (0..1)."""
+    """BM25 score as a fraction of the best score any memory could reach for the query (0..1)."""
     source: _builtins.float
     """weight_source times the memory's source trust, as added to the score."""
     @_builtins.property
