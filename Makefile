@@ -13,7 +13,7 @@ TYPECHECK := $(VENV)/typecheck
 NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 
-.PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean
+.PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean nats-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ $(STAMP): pyproject.toml
 $(NODE_STAMP): $(NODE_TEST)/package.json $(NODE_TEST)/package-lock.json
 	cd $(NODE_TEST) && npm ci --silent --no-audit --no-fund
 	touch $(NODE_STAMP)
+
+## Debian's nats-server, for the cluster tests (cluster mode's write log is JetStream).
+## `make serve` does not need it.
+nats-server:
+	@command -v nats-server >/dev/null 2>&1 || test -x /usr/sbin/nats-server || { \
+	  sudo=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$sudo apt-get install -y -q nats-server >/dev/null 2>&1 || \
+	  { $$sudo apt-get update -q && $$sudo apt-get install -y -q nats-server; }; }
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @bufbuild/buf@$(BUF_VERSION)
@@ -50,7 +59,7 @@ lint: $(STAMP) $(BUF)
 	ln -s $(CURDIR)/client/v1 $(TYPECHECK)/calor/v1
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy -p calor.server -p calor.client -p calor.models -p calor.triggers
 
-test: $(STAMP) $(NODE_STAMP) lint
+test: $(STAMP) $(NODE_STAMP) nats-server lint
 	$(VENV)/bin/pytest -q
 
 ## The long fault and load runs (left out of `make test`): 20 kill -9 rounds under mixed

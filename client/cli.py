@@ -171,6 +171,9 @@ def _serve(args: argparse.Namespace) -> int:
         "purge_delay_seconds": args.purge_delay,
         "approximate_above": args.approximate_above,
         "memory_budget_mb": args.memory_budget,
+        "cluster": args.cluster,
+        "node_id": args.node_id,
+        "log_replicas": args.log_replicas,
         **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -465,6 +468,20 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="mutual TLS: refuse clients without a certificate signed by a CA in this PEM file",
+    )
+    serve.add_argument(
+        "--cluster",
+        metavar="nats://HOST:PORT[,...]",
+        type=lambda value: tuple(url.strip() for url in value.split(",") if url.strip()),
+        help="cluster mode: every write goes to a write log on these NATS JetStream servers "
+        "first, and this node's store is a view of it (default: the embedded single node)",
+    )
+    serve.add_argument("--node-id", metavar="ID", help="this node's name in the cluster")
+    serve.add_argument(
+        "--log-replicas",
+        type=int,
+        metavar="N",
+        help="copies of the write log JetStream keeps (default 3)",
     )
     add_limit_options(serve)
 

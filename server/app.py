@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -44,6 +45,10 @@ from calor.server.tls import server_credentials
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.trigger_service import TriggerServicer
 from calor.triggers.webhook import WebhookPolicy
+
+if TYPE_CHECKING:
+    from calor.server.cluster.jetstream import JetStreamLog
+
 from calor.v1 import (
     memory_service_pb2,
     memory_service_pb2_grpc,
@@ -89,6 +94,7 @@ class CalorServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._store: MemoryStore | None = None
+        self._write_log: JetStreamLog | None = None
         self._purger: Purger | None = None
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
@@ -209,6 +215,23 @@ class CalorServer:
         log.info("access control: reloaded %d API keys from %s", len(keys.keys), path)
         return True
 
+    def _follow_write_log(self, store: MemoryStore) -> None:
+        """Cluster mode: catch the store up with the JetStream write log, then send every
+        commit through it."""
+        from calor.server.cluster.jetstream import JetStreamLog  # cluster mode only
+
+        config = self.config
+        write_log = JetStreamLog.connect(list(config.cluster), replicas=config.log_replicas)
+        self._write_log = write_log
+        applied = store.follow(write_log)
+        log.info(
+            "cluster node %s: write log at %s, %d entries caught up, at position %d",
+            config.node_id or "(unnamed)",
+            ",".join(config.cluster),
+            applied,
+            store.log_position,
+        )
+
     async def _set_health(self, status: int) -> None:
         for name in ("", *_SERVICE_NAMES):
             await self._health.set(name, status)
@@ -227,6 +250,8 @@ class CalorServer:
             ),
         )
         self._store = store
+        if self.config.cluster:
+            await loop.run_in_executor(None, self._follow_write_log, store)
         self._purger = Purger(store, self.config.purge_delay_seconds)
         self._purger.start()  # forgotten bytes leave the disk soon after each forget
         engine = await loop.run_in_executor(
@@ -336,6 +361,8 @@ class CalorServer:
             self._purger.close()  # what is still pending is purged at the next start
         if self._store is not None:
             self._store.close()
+        if self._write_log is not None:
+            self._write_log.close()
 
 
 async def _run(config: ServerConfig) -> None:

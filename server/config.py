@@ -92,6 +92,12 @@ class ServerConfig:
         memory_budget_mb: About how much memory the loaded channels may take (0: no
             limit); past it, the channels least recently asked for are unloaded, and
             loaded again from RocksDB when next asked for.
+        cluster: NATS server URLs (``nats://HOST:PORT``); set, every commit goes to a
+            JetStream write log first and the store is a view of it (cluster mode).
+            Empty: the embedded single-node store.
+        node_id: This node's name in the cluster.
+        log_replicas: Copies of the write log JetStream keeps (its servers must be at
+            least as many).
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -121,3 +127,6 @@ class ServerConfig:
     purge_delay_seconds: float = 1.0
     approximate_above: int = APPROXIMATE_ABOVE
     memory_budget_mb: int = 0
+    cluster: tuple[str, ...] = ()
+    node_id: str = ""
+    log_replicas: int = 3

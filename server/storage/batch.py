@@ -3,11 +3,10 @@ that batch must still see to (see ``MemoryStore.write``)."""
 
 from __future__ import annotations
 
-import rocksdict
-
 from calor.server.events import EventRecord
 from calor.server.storage.heats import heat_bytes
 from calor.server.storage.keys import SEP, Keys
+from calor.server.storage.logged import Batch
 from calor.server.storage.ops import (
     AddMemory,
     ChangeList,
@@ -40,7 +39,7 @@ class PendingBatch:
     commit lock): events to number, quotes to index, traces of forgotten memories and
     dropped channels to scrub, and the key ranges whose old bytes must leave the disk."""
 
-    def __init__(self, batch: rocksdict.WriteBatch) -> None:
+    def __init__(self, batch: Batch) -> None:
         self.batch = batch  # opened by the store, the one module that opens batches
         self.events: list[EventRecord] = []
         self.quotes: list[Quote] = []
@@ -91,7 +90,7 @@ def put_ops(held: PendingBatch, change: ChangeList) -> None:
 
 
 def _put_memory_op(
-    batch: rocksdict.WriteBatch,
+    batch: Batch,
     name: str,
     op: AddMemory | PutMemory | SetHeat | Forget | StageVector | DropVector,
 ) -> None:
@@ -120,7 +119,7 @@ def _put_memory_op(
             batch.delete(Keys.vector(name, memory_id))
 
 
-def _put_channel_op(batch: rocksdict.WriteBatch, name: str, op: Operation) -> None:
+def _put_channel_op(batch: Batch, name: str, op: Operation) -> None:
     match op:
         case Link(a, b, kind, weight):
             batch.put(Keys.edge(name, a, b, kind), repr(float(weight)).encode())

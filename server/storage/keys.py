@@ -70,6 +70,7 @@ class Keys:
     MIGRATIONS = b"meta:migrations"
     LAST_SEQ = b"meta:last_seq"
     PURGE = b"meta:purge"
+    LOG_POSITION = b"meta:log_position"  # cluster mode: the last write-log entry applied
     CURSOR = b"s:cursor"
     WATERMARK = b"s:watermark"
     # Whole families, for the store's readers to scan.

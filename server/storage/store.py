@@ -54,6 +54,7 @@ from calor.server.storage.keys import (
     Keys,
     split,
 )
+from calor.server.storage.logged import LoggedBatch, WriteLog, replay
 from calor.server.storage.ops import (
     ChangeList,
     Quote,
@@ -122,6 +123,10 @@ class MemoryStore:
         self._purge_listeners: list[Callable[[], None]] = []
         saved = db.get(Keys.PURGE)
         self._purging: dict[bytes, tuple[bytes, bytes]] = _ranges_from(saved)
+        self._log: WriteLog | None = None
+        kept = db.get(Keys.LOG_POSITION)
+        self.log_position = int(kept) if kept is not None else 0
+        """The last write-log entry this store holds (cluster mode; 0 otherwise)."""
 
     def _find_last_seq(self) -> int:
         """The last event number given: numbers go on even after retention emptied the log."""
@@ -211,32 +216,23 @@ class MemoryStore:
         Events are numbered at commit, in order, and handed to the commit listeners.
         """
         self._check_open()
-        held = PendingBatch(rocksdict.WriteBatch(raw_mode=True))
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        held = PendingBatch(LoggedBatch(batch) if self._log is not None else batch)
         for change in changes:
             put_ops(held, change)
-        batch = held.batch
         size = batch.size_in_bytes()  # before the write consumes it
         with self._commit_lock:
-            for channel, memory_id in held.forgotten:
-                self._scrub(held, Keys.quote(channel, memory_id, b""))
-            for channel in held.dropped:
-                self._scrub(held, Keys.channel_quotes(channel))
-            numbered = [
-                self._put_event(held, e.with_seq(self.last_seq + n))
-                for n, e in enumerate(held.events, 1)
-            ]
-            if numbered:
-                batch.put(Keys.LAST_SEQ, str(numbered[-1].seq).encode())
-            for quote in held.quotes:
-                self._put_quote(held, quote)
-            purging = _merged(self._purging, held.erased)
-            if held.erased:
-                batch.put(Keys.PURGE, _ranges_json(purging))
+            numbered, purging = self._finish(held)
+            position = self._logged(held.batch) if isinstance(held.batch, LoggedBatch) else None
+            if position is not None:
+                batch.put(Keys.LOG_POSITION, str(position).encode())
             try:
                 self._db.write(batch, self._write_options)
             except Exception as error:  # rocksdict raises a bare Exception: "IO error: …"
                 raise _write_refused(error) from error
             self._purging = purging
+            if position is not None:
+                self.log_position = position
             if numbered:
                 self.last_seq = numbered[-1].seq
                 for listener in self._listeners:
@@ -246,6 +242,57 @@ class MemoryStore:
                     purge_listener()
         self._flush_if_big(size)  # outside the lock: other commits go on meanwhile
         return numbered
+
+    def _finish(
+        self, held: PendingBatch
+    ) -> tuple[list[EventRecord], dict[bytes, tuple[bytes, bytes]]]:
+        """What a batch adds under the commit lock: scrubs of what it forgets, its events
+        numbered, its quotes, the ranges left to purge. Returns the numbered events and
+        the purge ranges once it is written."""
+        for channel, memory_id in held.forgotten:
+            self._scrub(held, Keys.quote(channel, memory_id, b""))
+        for channel in held.dropped:
+            self._scrub(held, Keys.channel_quotes(channel))
+        numbered = [
+            self._put_event(held, e.with_seq(self.last_seq + n))
+            for n, e in enumerate(held.events, 1)
+        ]
+        if numbered:
+            held.batch.put(Keys.LAST_SEQ, str(numbered[-1].seq).encode())
+        for quote in held.quotes:
+            self._put_quote(held, quote)
+        purging = _merged(self._purging, held.erased)
+        if held.erased:
+            held.batch.put(Keys.PURGE, _ranges_json(purging))
+        return numbered, purging
+
+    def follow(self, log: WriteLog) -> int:
+        """Catch up with a write log, then send every commit through it (cluster mode).
+
+        The entries after :attr:`log_position` are applied first, each as one batch with
+        its position; from then on a commit is written here only once the log holds it.
+        Returns how many entries were applied.
+        """
+        self._check_open()
+        with self._commit_lock:
+            applied = 0
+            for position, entry in log.entries_after(self.log_position):
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                replay(batch, entry)
+                batch.put(Keys.LOG_POSITION, str(position).encode())
+                self._db.write(batch, self._write_options)
+                self.log_position = position
+                applied += 1
+            if applied:
+                self.last_seq = self._find_last_seq()
+                self._purging = _ranges_from(self._db.get(Keys.PURGE))
+            self._log = log
+        return applied
+
+    def _logged(self, batch: LoggedBatch) -> int:
+        """Append a commit to the write log (under the commit lock); its position."""
+        assert self._log is not None
+        return self._log.append(batch.entry(), self.log_position)
 
     def _flush_if_big(self, size: int) -> None:
         """After a write bigger than a memtable (a bulk store): its memtable, which took
