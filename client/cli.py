@@ -174,6 +174,8 @@ def _serve(args: argparse.Namespace) -> int:
         "cluster": args.cluster,
         "node_id": args.node_id,
         "log_replicas": args.log_replicas,
+        "lease_seconds": args.lease_seconds,
+        "advertise": args.advertise,
         **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -482,6 +484,17 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="copies of the write log JetStream keeps (default 3)",
+    )
+    serve.add_argument(
+        "--lease-seconds",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how long the store's owner may go silent before another node takes over (default 3)",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="where other cluster nodes reach this one (default: --host and the bound port)",
     )
     add_limit_options(serve)
 

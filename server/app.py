@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import grpc
@@ -24,6 +27,7 @@ from calor.models.embedder import Embedder
 from calor.server.api import auth_file
 from calor.server.api.access import AccessControl, loopback
 from calor.server.api.decoding import DecodingInterceptor
+from calor.server.api.forwarding import ForwardingInterceptor
 from calor.server.api.limits import LimitsInterceptor
 from calor.server.api.memory_service import MemoryServicer
 from calor.server.api.observe import Observer, counts_reader
@@ -47,7 +51,7 @@ from calor.triggers.trigger_service import TriggerServicer
 from calor.triggers.webhook import WebhookPolicy
 
 if TYPE_CHECKING:
-    from calor.server.cluster.jetstream import JetStreamLog
+    from calor.server.cluster.node import ClusterNode
 
 from calor.v1 import (
     memory_service_pb2,
@@ -94,7 +98,8 @@ class CalorServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._store: MemoryStore | None = None
-        self._write_log: JetStreamLog | None = None
+        self._cluster: ClusterNode | None = None
+        self._forwarding = ForwardingInterceptor(self._forward_to, self.config.node_id)
         self._purger: Purger | None = None
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
@@ -166,7 +171,12 @@ class CalorServer:
         """What every call passes through, outermost first: observation (metrics and the
         request log), access control, limits (rates, subscriptions, the call's deadline),
         then decoding (requests that are not what the RPC takes)."""
-        return [Observer(self.metrics), self._access, self.limits, DecodingInterceptor()]
+        layers = [Observer(self.metrics), self._access, self.limits, DecodingInterceptor()]
+        return [*layers, self._forwarding] if self.config.cluster else layers
+
+    def _forward_to(self) -> str | None:
+        """Cluster mode: the store owner's address while another node owns it."""
+        return self._cluster.forward_to() if self._cluster is not None else None
 
     def _access_control(self) -> AccessControl:
         """The keys of ``config.auth_file``; without one, open, and on loopback only.
@@ -215,22 +225,41 @@ class CalorServer:
         log.info("access control: reloaded %d API keys from %s", len(keys.keys), path)
         return True
 
-    def _follow_write_log(self, store: MemoryStore) -> None:
-        """Cluster mode: catch the store up with the JetStream write log, then send every
-        commit through it."""
-        from calor.server.cluster.jetstream import JetStreamLog  # cluster mode only
+    async def _own_the_store(self, store: MemoryStore) -> bool:
+        """Cluster mode: join the cluster and forward calls to the store's owner until
+        this node takes the store's lease; then catch the store up with the write log
+        and become its one writer. False if the server stopped first."""
+        from calor.server.cluster.node import ClusterNode  # cluster mode only
+        from calor.server.cluster.placement import Owner
 
-        config = self.config
-        write_log = JetStreamLog.connect(list(config.cluster), replicas=config.log_replicas)
-        self._write_log = write_log
-        applied = store.follow(write_log)
+        config, loop = self.config, asyncio.get_running_loop()
+        me = Owner(
+            config.node_id or f"{socket.gethostname()}:{self.port}",
+            config.advertise or f"{config.host}:{self.port}",
+        )
+        join = partial(
+            ClusterNode.join,
+            list(config.cluster),
+            me,
+            replicas=config.log_replicas,
+            lease_seconds=config.lease_seconds,
+        )
+        node = await loop.run_in_executor(None, join)
+        self._cluster = node
+        node.on_lost = _stop_this_process  # a node that lost the store stops; restart it
+        node.start()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("cluster node %s (%s): forwarding to the store's owner", me.node_id, me.address)
+        if not await loop.run_in_executor(None, node.wait_for_lease):
+            return False
+        applied = await loop.run_in_executor(None, store.take_over, node.write_log)
         log.info(
-            "cluster node %s: write log at %s, %d entries caught up, at position %d",
-            config.node_id or "(unnamed)",
-            ",".join(config.cluster),
+            "cluster node %s owns the store: %d write-log entries caught up, at position %d",
+            me.node_id,
             applied,
             store.log_position,
         )
+        return True
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *_SERVICE_NAMES):
@@ -250,8 +279,8 @@ class CalorServer:
             ),
         )
         self._store = store
-        if self.config.cluster:
-            await loop.run_in_executor(None, self._follow_write_log, store)
+        if self.config.cluster and not await self._own_the_store(store):
+            return
         self._purger = Purger(store, self.config.purge_delay_seconds)
         self._purger.start()  # forgotten bytes leave the disk soon after each forget
         engine = await loop.run_in_executor(
@@ -361,8 +390,14 @@ class CalorServer:
             self._purger.close()  # what is still pending is purged at the next start
         if self._store is not None:
             self._store.close()
-        if self._write_log is not None:
-            self._write_log.close()
+        if self._cluster is not None:
+            self._cluster.close()
+        await self._forwarding.close()
+
+
+def _stop_this_process() -> None:
+    """Stop the server as SIGTERM does (from any thread)."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _run(config: ServerConfig) -> None:

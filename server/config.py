@@ -98,6 +98,10 @@ class ServerConfig:
         node_id: This node's name in the cluster.
         log_replicas: Copies of the write log JetStream keeps (its servers must be at
             least as many).
+        lease_seconds: How long the store's owner may go without renewing its lease
+            before another node takes the store over.
+        advertise: The ``host:port`` other nodes forward calls to; empty: ``host`` and
+            the bound port.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -130,3 +134,5 @@ class ServerConfig:
     cluster: tuple[str, ...] = ()
     node_id: str = ""
     log_replicas: int = 3
+    lease_seconds: float = 3.0
+    advertise: str = ""

@@ -32,6 +32,7 @@ __all__ = [
     "DeadlineExceededError",
     "FailedPreconditionError",
     "InvalidArgumentError",
+    "LogBehindError",
     "ModelUnavailableError",
     "NotFoundError",
     "OutOfRangeError",
@@ -121,6 +122,11 @@ class UnavailableError(CalorError):
     """The service cannot answer right now."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class LogBehindError(UnavailableError):
+    """Cluster mode: the write log holds entries this node has not applied, so it may not
+    append (another node owns the store now, or an append's answer was lost)."""
 
 
 class ModelUnavailableError(UnavailableError):

@@ -102,6 +102,13 @@ class CalorProcess:
         self._join()
         return code
 
+    def wait(self, timeout: float = 60.0) -> int:
+        """Wait for it to exit by itself; returns its exit status."""
+        assert self.process is not None
+        code = self.process.wait(timeout)
+        self._join()
+        return code
+
     def close(self) -> None:
         """Kill it if it still runs (the end of a test, passed or not)."""
         if self.process is not None and self.process.poll() is None:

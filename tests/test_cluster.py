@@ -1,10 +1,15 @@
-"""Cluster mode, first part: the JetStream write log is the truth, each node's RocksDB a
-view of it. Three real ``nats-server`` processes (JetStream, clustered, the log kept on
-all three) and real ``calor serve --cluster`` nodes on loopback.
+"""Cluster mode: the JetStream write log is the truth and each node's RocksDB a view of
+it; one node at a time owns the store (a lease), the others forward calls to it and take
+it over when its lease lapses. Three real ``nats-server`` processes (JetStream,
+clustered, the log and the lease kept on all three) and real ``calor serve --cluster``
+nodes on loopback.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +51,7 @@ class Node:
         self._channel: grpc.Channel | None = None
 
     def __enter__(self) -> Node:
-        self.process.start()
+        self.process.start()  # SERVING: it answers, or forwards to the owner
         self._channel = grpc.insecure_channel(self.process.target)
         return self
 
@@ -59,6 +64,22 @@ class Node:
     def stub(self) -> MemoryServiceStub:
         assert self._channel is not None
         return MemoryServiceStub(self._channel)
+
+    def answering(self, within: float = 30.0) -> float:
+        """Wait until a call through this node is answered (by it or by the owner it
+        forwards to); the seconds that took."""
+        started = time.monotonic()
+        while True:
+            try:
+                self.texts()
+                return time.monotonic() - started
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                if time.monotonic() - started > within:
+                    tail = self.process.log_tail()
+                    raise AssertionError(f"no answer in {within} s:\n{tail}") from error
+                time.sleep(0.1)
 
     def store(self, text: str) -> str:
         request = pb.StoreRequest(channel=CHANNEL, text=text)
@@ -83,63 +104,99 @@ FACTS = [
 ]
 
 
-def test_a_node_rebuilt_from_the_log_alone_holds_every_acknowledged_write(
+def test_a_node_rebuilt_from_the_log_alone_takes_over_with_every_acknowledged_write(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
     with Node(nats, tmp_path / "a", "a") as first:
+        first.answering()
         ids = {first.store(text): text for text in FACTS}
         forgotten = next(iter(ids))
         request = pb.ForgetRequest(channel=CHANNEL, ids=[forgotten])
         assert first.stub.Forget(request, timeout=TIMEOUT).forgotten == 1
-        first.process.kill()  # kill -9: nothing is flushed or said on the way out
+        first.process.kill()  # kill -9: its lease is not given up, it lapses
     # A new node on an empty disk: everything it holds comes from the write log.
     with Node(nats, tmp_path / "b", "b") as second:
+        second.answering()
         live = {i: t for i, t in ids.items() if i != forgotten}
         assert second.texts() == live
         assert second.recall("how does Maria like her status reports?")[0] == FACTS[1]
         inspect = pb.InspectRequest(channel=CHANNEL, id=forgotten)
-        assert (
-            second.stub.Inspect(inspect, timeout=TIMEOUT).memory.state
-            == memory_pb2.MEMORY_STATE_DELETED
-        )
+        tombstone = second.stub.Inspect(inspect, timeout=TIMEOUT).memory
+        assert tombstone.state == memory_pb2.MEMORY_STATE_DELETED
 
 
 def test_a_node_that_was_away_catches_up_with_what_others_wrote_meanwhile(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
     with Node(nats, tmp_path / "a", "a") as first:
+        first.answering()
         ids = {first.store(text): text for text in FACTS[:2]}
-        first.process.stop()
+        first.process.stop()  # a clean stop gives the lease up at once
     with Node(nats, tmp_path / "b", "b") as second:
-        before = second.texts()
+        second.answering()
         ids.update({second.store(text): text for text in FACTS[2:]})
         second.process.stop()
     with Node(nats, tmp_path / "a", "a") as again:  # its own store, behind the log
+        again.answering()
         after = again.texts()
-    assert set(ids) <= set(after)
-    assert set(after) - set(before) >= set(ids) - set(before)
     assert {after[i] for i in ids} == set(FACTS)
 
 
-def test_a_node_that_has_not_seen_the_latest_entries_refuses_writes_instead_of_forking(
+def test_a_call_to_a_node_that_does_not_own_the_store_is_forwarded_to_the_owner(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    with Node(nats, tmp_path / "a", "a") as owner:
+        owner.answering()
+        with Node(nats, tmp_path / "b", "b") as other:
+            stored, call = other.stub.Store.with_call(
+                pb.StoreRequest(channel=CHANNEL, text=FACTS[0]), timeout=TIMEOUT
+            )
+            trailing = dict(call.trailing_metadata() or ())
+            assert trailing.get("calor-owner") == owner.process.target
+            streamed = other.stub.StoreStream(
+                iter(
+                    [
+                        pb.StoreStreamRequest(store=pb.StoreRequest(channel=CHANNEL, text=t))
+                        for t in FACTS[1:]
+                    ]
+                ),
+                timeout=TIMEOUT,
+            )
+            assert len(streamed.ids) == 3
+            expected = {stored.memory.id, *streamed.ids}
+            assert set(owner.texts()) >= expected
+            assert set(other.texts()) >= expected
+            assert other.recall("when does the on-call rotation change?")[0] == FACTS[3]
+            bad = pb.StoreRequest(channel=CHANNEL, text="")
+            with pytest.raises(grpc.RpcError) as refused:  # the owner's own answer, relayed
+                other.stub.Store(bad, timeout=TIMEOUT)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_owner_that_lost_its_lease_unknowing_cannot_write_and_stops(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
     with Node(nats, tmp_path / "a", "a") as first, Node(nats, tmp_path / "b", "b") as second:
-        second.store("A write the first node has not applied.")  # second caught up last
+        first.answering()
+        kept = first.store("Written while the first node owned the store.")
+        os.kill(first.process.pid, signal.SIGSTOP)  # frozen: it cannot renew its lease
+        try:
+            second.answering()  # the lease lapsed: the second node took the store over
+            taken = second.store("Written after the second node took over.")
+        finally:
+            os.kill(first.process.pid, signal.SIGCONT)
         with pytest.raises(grpc.RpcError) as refused:
-            first.store("A write made on a stale view.")
+            first.store("Written on the old owner after it lost the store.")
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "catch up" in (refused.value.details() or "")
-        assert "A write made on a stale view." not in first.texts().values()
-        assert "A write made on a stale view." not in second.texts().values()
-    with Node(nats, tmp_path / "c", "c") as fresh:  # what the log holds
-        texts = set(fresh.texts().values())
-    assert "A write the first node has not applied." in texts
-    assert "A write made on a stale view." not in texts
+        assert first.process.wait(30) == 0  # it stopped by itself, cleanly
+        texts = second.texts()
+        assert {kept, taken} <= set(texts)
+        assert "Written on the old owner after it lost the store." not in texts.values()
 
 
 def test_writes_go_on_with_one_nats_server_killed(nats: NatsCluster, tmp_path: Path) -> None:
     with Node(nats, tmp_path / "a", "a") as node:
+        node.answering()
         try:
             nats.kill(2)  # the log keeps a quorum on the other two
             stored = {node.store(f"Entry {n} written with a log server down."): n for n in range(5)}
@@ -147,6 +204,7 @@ def test_writes_go_on_with_one_nats_server_killed(nats: NatsCluster, tmp_path: P
             nats.start_server(2)
         node.process.kill()
     with Node(nats, tmp_path / "b", "b") as fresh:
+        fresh.answering()
         assert set(stored) <= set(fresh.texts())
 
 

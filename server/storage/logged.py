@@ -15,9 +15,11 @@ import rocksdict
 
 from calor.server.errors import StorageError
 
-__all__ = ["Batch", "LoggedBatch", "WriteLog", "entry_operations", "replay"]
+__all__ = ["EMPTY_ENTRY", "Batch", "LoggedBatch", "WriteLog", "entry_operations", "replay"]
 
 _MAGIC = b"CW1"
+EMPTY_ENTRY = _MAGIC
+"""An entry that writes nothing: a new owner's mark in the log (see ``MemoryStore.take_over``)."""
 _PUT, _DELETE, _DELETE_RANGE = b"P", b"D", b"R"
 _LENGTH = struct.Struct(">I")
 
@@ -30,9 +32,10 @@ class WriteLog(Protocol):
         returns its position.
 
         Raises:
-            UnavailableError: The log cannot be reached, or it holds entries after
-                ``after`` that this store has not seen (another writer, or an append whose
-                answer was lost): nothing of this entry is in the log.
+            LogBehindError: The log holds entries after ``after`` that this store has not
+                seen (another writer, or an append whose answer was lost); nothing of
+                this entry is in the log.
+            UnavailableError: The log could not be reached; nothing of it is in the log.
         """
         ...
 

@@ -38,6 +38,7 @@ import rocksdict
 
 from calor.server.errors import (
     CalorError,
+    LogBehindError,
     StorageError,
     StorageFullError,
     StoreMismatchError,
@@ -54,7 +55,7 @@ from calor.server.storage.keys import (
     Keys,
     split,
 )
-from calor.server.storage.logged import LoggedBatch, WriteLog, replay
+from calor.server.storage.logged import EMPTY_ENTRY, LoggedBatch, WriteLog, replay
 from calor.server.storage.ops import (
     ChangeList,
     Quote,
@@ -288,6 +289,27 @@ class MemoryStore:
                 self._purging = _ranges_from(self._db.get(Keys.PURGE))
             self._log = log
         return applied
+
+    def take_over(self, log: WriteLog, attempts: int = 20) -> int:
+        """Become the write log's one writer: catch up (:meth:`follow`), then append an
+        empty entry at the position caught up to. A writer that has not seen that entry
+        is refused from then on. Returns how many entries were caught up.
+
+        Raises:
+            LogBehindError: Another writer kept appending through every attempt.
+        """
+        applied = 0
+        for _ in range(attempts):
+            applied += self.follow(log)
+            with self._commit_lock:
+                try:
+                    position = log.append(EMPTY_ENTRY, self.log_position)
+                except LogBehindError:
+                    continue  # the last owner wrote after the catch-up: catch up again
+                self._db.put(Keys.LOG_POSITION, str(position).encode(), self._write_options)
+                self.log_position = position
+                return applied
+        raise LogBehindError("another writer kept appending to the write log; not taken over")
 
     def _logged(self, batch: LoggedBatch) -> int:
         """Append a commit to the write log (under the commit lock); its position."""

@@ -1,0 +1,152 @@
+"""Cluster mode: a call that reaches a node which does not own the store is forwarded to
+the node that does, and its answer (messages, status, trailing metadata) passed back.
+
+The forwarding is the innermost layer: the call has been observed, its key checked and
+its request decoded here, as on any node. The caller's metadata goes along (its API key
+included) with ``calor-forwarded-by`` added, so that an owner which has just lost the
+store does not forward it again. Every answer of a forwarded call carries
+``calor-owner`` (the owner's address) in its trailing metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import grpc
+
+__all__ = ["FORWARDED_BY", "OWNER", "ForwardingInterceptor"]
+
+FORWARDED_BY = "calor-forwarded-by"
+OWNER = "calor-owner"
+_Context = grpc.aio.ServicerContext[Any, Any]
+_DROPPED = ("user-agent", "grpc-", ":")
+_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _serialize(message: Any) -> bytes:
+    return cast(bytes, message.SerializeToString())
+
+
+class ForwardingInterceptor(grpc.aio.ServerInterceptor):
+    """Forwards a call to ``owner()`` when it names another node (None: answer here)."""
+
+    def __init__(self, owner: Callable[[], str | None], node_id: str) -> None:
+        self._owner = owner
+        self._node_id = node_id
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or handler.request_deserializer is None or method.startswith("/grpc."):
+            return handler  # health and reflection: every node answers for itself
+        local = cast(
+            Callable[..., Any],
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
+            or handler.stream_stream,
+        )
+        streaming_out = handler.response_streaming
+
+        if streaming_out:
+
+            async def streaming(request: Any, context: _Context) -> AsyncIterator[Any]:
+                target = self._target(context)
+                if target is None:
+                    async for response in local(request, context):
+                        yield response
+                    return
+                call = self._call(target, method, handler, request, context)
+                try:
+                    async for response in call:
+                        yield response
+                except grpc.aio.AioRpcError as error:
+                    await _relay_failure(error, context, target)
+                context.set_trailing_metadata((*await call.trailing_metadata(), (OWNER, target)))
+
+            behaviour: Callable[..., Any] = streaming
+        else:
+
+            async def answering(request: Any, context: _Context) -> Any:
+                target = self._target(context)
+                if target is None:
+                    return await local(request, context)
+                call = self._call(target, method, handler, request, context)
+                try:
+                    response = await call
+                except grpc.aio.AioRpcError as error:
+                    await _relay_failure(error, context, target)
+                context.set_trailing_metadata((*await call.trailing_metadata(), (OWNER, target)))
+                return response
+
+            behaviour = answering
+        kind = _KINDS[(handler.request_streaming, handler.response_streaming)]
+        original = handler.response_serializer
+        return kind(
+            behaviour,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=lambda r: r if isinstance(r, bytes) else original(r),
+        )
+
+    def _target(self, context: _Context) -> str | None:
+        """Where the call goes: None to answer it here."""
+        target = self._owner()
+        if target is None:
+            return None
+        if any(key == FORWARDED_BY for key, _ in context.invocation_metadata() or ()):
+            return None  # forwarded to us as the owner: answer (or refuse) here, never again
+        return target
+
+    def _call(
+        self,
+        target: str,
+        method: str,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        request: Any,
+        context: _Context,
+    ) -> Any:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = grpc.aio.insecure_channel(target)
+        metadata = [
+            (key, value)
+            for key, value in context.invocation_metadata() or ()
+            if not key.startswith(_DROPPED)
+        ]
+        metadata.append((FORWARDED_BY, self._node_id))
+        remaining = context.time_remaining()
+        timeout = remaining if remaining is not None and remaining < 1e6 else None
+        kinds: dict[tuple[bool, bool], Callable[..., Any]] = {
+            (False, False): channel.unary_unary,
+            (False, True): channel.unary_stream,
+            (True, False): channel.stream_unary,
+            (True, True): channel.stream_stream,
+        }
+        make = kinds[(handler.request_streaming, handler.response_streaming)]
+        stub = make(method, request_serializer=_serialize, response_deserializer=None)
+        return stub(request, metadata=metadata, timeout=timeout)
+
+    async def close(self) -> None:
+        """Close the channels to other nodes."""
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
+async def _relay_failure(error: grpc.aio.AioRpcError, context: _Context, target: str) -> None:
+    """End the call as the owner ended it (or as it failed to reach the owner)."""
+    context.set_trailing_metadata((*(error.trailing_metadata() or ()), (OWNER, target)))
+    await context.abort(error.code(), error.details() or "")

@@ -1,0 +1,107 @@
+"""One node's connection to the NATS servers, on an event loop thread of its own, so that
+the blocking threads of the store and the placement loop can wait on JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import NoServersError
+from nats.js.client import JetStreamContext
+
+from calor.server.errors import CalorError, UnavailableError
+
+__all__ = ["NatsConnection"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+class NatsConnection:
+    """A NATS client that reconnects to any of its servers, and a way to run its calls
+    from other threads (:meth:`run`) and to retry them while no server answers
+    (:meth:`persist`)."""
+
+    def __init__(
+        self,
+        client: Client,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        retry_seconds: float,
+    ) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.js: JetStreamContext = client.jetstream(timeout=timeout)
+        self._loop = loop
+
+    @classmethod
+    def open(
+        cls, servers: list[str], *, timeout: float = 5.0, retry_seconds: float = 15.0
+    ) -> NatsConnection:
+        """Connect to any of ``servers``.
+
+        Raises:
+            UnavailableError: None of them answered.
+        """
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="calor-nats", daemon=True)
+        thread.start()
+
+        async def opened() -> Client:
+            return await nats.connect(
+                servers,
+                name="calor",
+                connect_timeout=timeout,
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+            )
+
+        try:
+            client = asyncio.run_coroutine_threadsafe(opened(), loop).result(timeout * 3)
+        except (NoServersError, OSError, TimeoutError) as error:
+            loop.call_soon_threadsafe(loop.stop)
+            raise UnavailableError(f"no NATS server answered at {','.join(servers)}") from error
+        return cls(client, loop, timeout, retry_seconds)
+
+    def run(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work`` on the connection's loop and wait for its result (blocking)."""
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        return future.result(self.timeout * 2)
+
+    def persist(self, work: Callable[[], Coroutine[Any, Any, _T]], what: str) -> _T:
+        """:meth:`run` ``work()``, and again while no server answers (one died and the
+        client moves to another; a stream elects a new leader), for up to
+        ``retry_seconds``. A :class:`CalorError` it raises is not retried.
+
+        Raises:
+            UnavailableError: Still no answer after that long.
+        """
+        give_up = time.monotonic() + self.retry_seconds
+        pause = 0.05
+        while True:
+            try:
+                return self.run(work())
+            except CalorError:
+                raise
+            except (NatsError, TimeoutError, OSError) as error:
+                if time.monotonic() + pause > give_up:
+                    raise UnavailableError(f"could not {what} on JetStream: {error!r}") from error
+                log.warning("nats: could not %s (%r); trying again", what, error)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def close(self) -> None:
+        """Drain and close the connection, and stop its loop."""
+        try:
+            self.run(self.client.drain())
+        except Exception:  # closing: what is left to drain no longer matters
+            log.debug("nats: drain on close failed", exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)

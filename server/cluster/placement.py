@@ -1,0 +1,138 @@
+"""Who owns the store: a lease in a replicated JetStream key-value bucket.
+
+The owner's entry (its node id and the address other nodes forward calls to) lives in
+the bucket ``calor_placement`` under ``owner``. The bucket's entries expire
+``lease_seconds`` after they were last written, so an owner renews its entry well
+within that (a compare-and-set on the entry's revision: a renewal after someone else
+took the lease fails). A node takes a free lease with a create, which fails while an
+entry exists: at most one node holds it at a time. The write log's fence
+(``MemoryStore.take_over``) makes sure an owner that lost its lease without knowing
+cannot append after the next one took over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
+from nats.js.kv import KeyValue
+
+from calor.server.cluster.connection import NatsConnection
+
+__all__ = ["BUCKET", "Lease", "Owner"]
+
+log = logging.getLogger(__name__)
+
+BUCKET = "calor_placement"
+_KEY = "owner"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The node that owns the store, and where other nodes reach it."""
+
+    node_id: str
+    address: str
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"node_id": self.node_id, "address": self.address}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Owner:
+        fields = json.loads(raw)
+        return cls(str(fields["node_id"]), str(fields["address"]))
+
+
+class Lease:
+    """The store's lease, as one node sees and holds it."""
+
+    def __init__(self, nats: NatsConnection, bucket: KeyValue, me: Owner) -> None:
+        self._nats = nats
+        self._bucket = bucket
+        self.me = me
+        self._revision = 0  # of our entry while we hold the lease; 0 while we do not
+
+    @classmethod
+    def open(cls, nats: NatsConnection, me: Owner, *, lease_seconds: float, replicas: int) -> Lease:
+        """The lease bucket on ``nats`` (made if missing), for node ``me``."""
+
+        async def bucket() -> KeyValue:
+            try:
+                return await nats.js.key_value(BUCKET)
+            except BucketNotFoundError:
+                config = KeyValueConfig(
+                    bucket=BUCKET,
+                    history=1,
+                    ttl=lease_seconds,
+                    replicas=replicas,
+                    storage=StorageType.FILE,
+                )
+                return await nats.js.create_key_value(config)
+
+        return cls(nats, nats.persist(bucket, "open the placement bucket"), me)
+
+    @property
+    def held(self) -> bool:
+        """Whether this node holds the lease (as of its last acquire or renew)."""
+        return self._revision > 0
+
+    def owner(self) -> Owner | None:
+        """The current owner, or None while the lease is free."""
+
+        async def read() -> Owner | None:
+            try:
+                entry = await self._bucket.get(_KEY)
+            except (KeyNotFoundError, KeyDeletedError):
+                return None
+            return Owner.from_bytes(entry.value) if entry.value else None
+
+        return self._nats.persist(read, "read the store's owner")
+
+    def acquire(self) -> bool:
+        """Take the lease if it is free; whether this node holds it now."""
+
+        async def create() -> int:
+            try:
+                return await self._bucket.create(_KEY, self.me.to_bytes())
+            except KeyWrongLastSequenceError:
+                return 0
+
+        self._revision = self._nats.persist(create, "take the store's lease")
+        if self._revision:
+            log.info("node %s took the store's lease", self.me.node_id)
+        return self.held
+
+    def renew(self) -> bool:
+        """Write our entry again, only if it is still ours; whether we still hold it."""
+
+        async def update() -> int:
+            try:
+                return await self._bucket.update(_KEY, self.me.to_bytes(), last=self._revision)
+            except KeyWrongLastSequenceError:
+                return 0
+
+        if self._revision:
+            self._revision = self._nats.run(update())
+        return self.held
+
+    def release(self) -> None:
+        """Give the lease up now, if this node still holds it (a node stopping cleanly:
+        the next owner need not wait for it to lapse)."""
+
+        async def delete() -> None:
+            try:
+                await self._bucket.delete(_KEY, last=self._revision)
+            except KeyWrongLastSequenceError:
+                pass  # not ours any more
+
+        if self._revision:
+            self._nats.run(delete())
+            self._revision = 0
