@@ -13,7 +13,7 @@ TYPECHECK := $(VENV)/typecheck
 NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 
-.PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean nats-server
+.PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean nats-server cluster bench-cluster
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,17 @@ $(BUF):
 
 serve: $(STAMP)
 	$(VENV)/bin/calor serve $(ARGS)
+
+## The cluster beside the embedded node (writes, recalls through the owner and through a
+## forwarding node), and kill -9 of the owner and a NATS server under load (--kills 20).
+bench-cluster: $(STAMP) nats-server
+	$(PY) bench/cluster.py $(ARGS)
+
+## Cluster mode on this machine: 3 nats-server processes (JetStream, clustered on
+## loopback ports 4222-4224) and 3 Calor nodes (ports 50051-50053), data under
+## ~/.calor/cluster, until Ctrl-C. Pass flags with ARGS="--nodes 5".
+cluster: $(STAMP) nats-server
+	$(PY) -m calor.server.cluster.local $(ARGS)
 
 ## Regenerate the Python stubs under client/v1 (importable as calor.v1).
 proto: $(STAMP)

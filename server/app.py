@@ -250,7 +250,8 @@ class CalorServer:
         node.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("cluster node %s (%s): forwarding to the store's owner", me.node_id, me.address)
-        if not await loop.run_in_executor(None, node.wait_for_lease):
+        follow = partial(store.catch_up, node.write_log)  # a short catch-up at takeover
+        if not await loop.run_in_executor(None, node.wait_for_lease, follow):
             return False
         applied = await loop.run_in_executor(None, store.take_over, node.write_log)
         log.info(

@@ -18,10 +18,14 @@ from nats.js.client import JetStreamContext
 
 from calor.server.errors import CalorError, UnavailableError
 
-__all__ = ["NatsConnection"]
+__all__ = ["JOIN_SECONDS", "NatsConnection"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+JOIN_SECONDS = 60.0
+"""How long a starting node waits for JetStream (a cluster starting with it may take
+several seconds to elect its leaders)."""
 
 
 class NatsConnection:
@@ -62,6 +66,9 @@ class NatsConnection:
                 connect_timeout=timeout,
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
+                reconnect_time_wait=0.25,  # a server died: the next one at once
+                ping_interval=5,  # a connection gone quiet is found within seconds
+                max_outstanding_pings=2,
             )
 
         try:
@@ -76,15 +83,21 @@ class NatsConnection:
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         return future.result(self.timeout * 2)
 
-    def persist(self, work: Callable[[], Coroutine[Any, Any, _T]], what: str) -> _T:
+    def persist(
+        self,
+        work: Callable[[], Coroutine[Any, Any, _T]],
+        what: str,
+        seconds: float | None = None,
+    ) -> _T:
         """:meth:`run` ``work()``, and again while no server answers (one died and the
-        client moves to another; a stream elects a new leader), for up to
-        ``retry_seconds``. A :class:`CalorError` it raises is not retried.
+        client moves to another; a stream elects a new leader; the cluster is still
+        forming), for up to ``seconds`` (``retry_seconds`` if None). A
+        :class:`CalorError` it raises is not retried.
 
         Raises:
             UnavailableError: Still no answer after that long.
         """
-        give_up = time.monotonic() + self.retry_seconds
+        give_up = time.monotonic() + (self.retry_seconds if seconds is None else seconds)
         pause = 0.05
         while True:
             try:
@@ -93,8 +106,8 @@ class NatsConnection:
                 raise
             except (NatsError, TimeoutError, OSError) as error:
                 if time.monotonic() + pause > give_up:
-                    raise UnavailableError(f"could not {what} on JetStream: {error!r}") from error
-                log.warning("nats: could not %s (%r); trying again", what, error)
+                    raise UnavailableError(f"could not {what} on JetStream: {error}") from error
+                log.warning("nats: could not %s (%s); trying again", what, error)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 

@@ -25,7 +25,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, NotFoundError
 
-from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
 from calor.server.errors import FailedPreconditionError, LogBehindError
 
 __all__ = ["JetStreamLog", "STREAM", "WRITES"]
@@ -60,7 +60,7 @@ class JetStreamLog:
             FailedPreconditionError: The stream exists with another replica count.
         """
         stream = cls(nats)
-        nats.persist(lambda: stream._ensure_stream(replicas), "find the write stream")
+        nats.persist(lambda: stream._ensure_stream(replicas), "find the write stream", JOIN_SECONDS)
         return stream
 
     async def _ensure_stream(self, replicas: int) -> None:

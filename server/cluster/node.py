@@ -64,10 +64,17 @@ class ClusterNode:
         """Begin watching the lease (and taking it when it is free)."""
         self._thread.start()
 
-    def wait_for_lease(self) -> bool:
-        """Block until this node holds the lease (True) or stops (False)."""
+    def wait_for_lease(self, meanwhile: Callable[[], object]) -> bool:
+        """Block until this node holds the lease (True) or stops (False), calling
+        ``meanwhile`` (catching the store up with the log) about twice a second."""
         while not self._stopping.is_set():
-            if self._owning.wait(0.2):
+            try:
+                meanwhile()
+            except Exception:  # NATS away for longer than a retry: try again later
+                log.warning(
+                    "node %s could not follow the write log", self.me.node_id, exc_info=True
+                )
+            if self._owning.wait(0.5):
                 return True
         return False
 

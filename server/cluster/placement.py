@@ -25,7 +25,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
 
 __all__ = ["BUCKET", "Lease", "Owner"]
 
@@ -77,7 +77,7 @@ class Lease:
                 )
                 return await nats.js.create_key_value(config)
 
-        return cls(nats, nats.persist(bucket, "open the placement bucket"), me)
+        return cls(nats, nats.persist(bucket, "open the placement bucket", JOIN_SECONDS), me)
 
     @property
     def held(self) -> bool:

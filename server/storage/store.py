@@ -267,47 +267,49 @@ class MemoryStore:
             held.batch.put(Keys.PURGE, _ranges_json(purging))
         return numbered, purging
 
-    def follow(self, log: WriteLog) -> int:
-        """Catch up with a write log, then send every commit through it (cluster mode).
-
-        The entries after :attr:`log_position` are applied first, each as one batch with
-        its position; from then on a commit is written here only once the log holds it.
-        Returns how many entries were applied.
-        """
+    def catch_up(self, log: WriteLog) -> int:
+        """Apply the write log's entries after :attr:`log_position`, each as one batch
+        with its position (cluster mode: a node that does not own the store follows the
+        log this way). Returns how many were applied."""
         self._check_open()
         with self._commit_lock:
-            applied = 0
-            for position, entry in log.entries_after(self.log_position):
-                batch = rocksdict.WriteBatch(raw_mode=True)
-                replay(batch, entry)
-                batch.put(Keys.LOG_POSITION, str(position).encode())
-                self._db.write(batch, self._write_options)
-                self.log_position = position
-                applied += 1
-            if applied:
-                self.last_seq = self._find_last_seq()
-                self._purging = _ranges_from(self._db.get(Keys.PURGE))
-            self._log = log
+            return self._apply_entries(log)
+
+    def _apply_entries(self, log: WriteLog) -> int:
+        applied = 0
+        for position, entry in log.entries_after(self.log_position):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            replay(batch, entry)
+            batch.put(Keys.LOG_POSITION, str(position).encode())
+            self._db.write(batch, self._write_options)
+            self.log_position = position
+            applied += 1
+        if applied:
+            self.last_seq = self._find_last_seq()
+            self._purging = _ranges_from(self._db.get(Keys.PURGE))
         return applied
 
     def take_over(self, log: WriteLog, attempts: int = 20) -> int:
-        """Become the write log's one writer: catch up (:meth:`follow`), then append an
-        empty entry at the position caught up to. A writer that has not seen that entry
-        is refused from then on. Returns how many entries were caught up.
+        """Become the write log's one writer: catch up, then append an empty entry at the
+        position caught up to; from then on a commit is written here only once the log
+        holds it, and a writer that has not seen that entry is refused. Returns how many
+        entries were caught up.
 
         Raises:
             LogBehindError: Another writer kept appending through every attempt.
         """
+        self._check_open()
         applied = 0
         for _ in range(attempts):
-            applied += self.follow(log)
             with self._commit_lock:
+                applied += self._apply_entries(log)
                 try:
                     position = log.append(EMPTY_ENTRY, self.log_position)
                 except LogBehindError:
                     continue  # the last owner wrote after the catch-up: catch up again
                 self._db.put(Keys.LOG_POSITION, str(position).encode(), self._write_options)
                 self.log_position = position
+                self._log = log
                 return applied
         raise LogBehindError("another writer kept appending to the write log; not taken over")
 

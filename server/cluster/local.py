@@ -1,0 +1,199 @@
+"""A whole cluster on one machine: ``nats-server`` processes with JetStream, clustered on
+loopback, and ``calor serve --cluster`` nodes on them (``make cluster``; the cluster
+tests start their NATS servers with :class:`NatsServers` too).
+
+    python -m calor.server.cluster.local [--nodes 3] [--dir ~/.calor/cluster] [--port 50051]
+
+runs until Ctrl-C or SIGTERM, then stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import nats
+from nats.errors import Error as NatsError
+
+__all__ = ["NatsServers", "free_port", "nats_server_binary", "start_node", "wait_for_port"]
+
+NATS_SERVERS = 3
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` executable (``make test`` and ``make cluster`` install Debian's
+    package when it is missing)."""
+    found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
+    if found is None:
+        raise RuntimeError("nats-server is not installed: `make cluster` installs it")
+    return found
+
+
+class NatsServers:
+    """``size`` nats-server processes with JetStream, routed to each other on loopback,
+    each keeping its JetStream store under ``root``."""
+
+    def __init__(self, root: Path, size: int = NATS_SERVERS, first_port: int = 0) -> None:
+        self.root = root
+        if first_port:
+            self.client_ports = [first_port + n for n in range(size)]
+            self.route_ports = [first_port + 2000 + n for n in range(size)]
+        else:
+            self.client_ports = [free_port() for _ in range(size)]
+            self.route_ports = [free_port() for _ in range(size)]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server's client URL."""
+        return [f"nats://127.0.0.1:{port}" for port in self.client_ports]
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every server and wait until each takes clients and JetStream answers
+        (the servers have elected their meta leader)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for number in range(len(self.client_ports)):
+            self.start_server(number)
+        for port in self.client_ports:
+            wait_for_port(port, timeout)
+        asyncio.run(self._jetstream_ready(timeout))
+
+    async def _jetstream_ready(self, timeout: float) -> None:
+        client = await nats.connect(self.urls)
+        try:
+            give_up = time.monotonic() + timeout
+            while True:
+                try:
+                    await client.jetstream(timeout=2.0).account_info()
+                    return
+                except (NatsError, TimeoutError):
+                    if time.monotonic() > give_up:
+                        raise
+                    await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+
+    def start_server(self, number: int) -> None:
+        """Start (or restart, on its old store) server ``number``."""
+        name = f"n{number}"
+        config = self.root / f"{name}.conf"
+        routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in self.route_ports)
+        config.write_text(
+            f"""
+server_name: {name}
+listen: 127.0.0.1:{self.client_ports[number]}
+jetstream {{ store_dir: "{self.root / name}" }}
+cluster {{
+  name: calor
+  listen: 127.0.0.1:{self.route_ports[number]}
+  routes: [{routes}]
+}}
+"""
+        )
+        with (self.root / f"{name}.log").open("ab") as log:  # the child keeps its own copy
+            self.processes[number] = subprocess.Popen(
+                [nats_server_binary(), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def kill(self, number: int) -> None:
+        """``kill -9`` server ``number``."""
+        process = self.processes[number]
+        if process is not None:
+            process.kill()
+            process.wait()
+            self.processes[number] = None
+
+    def stop(self) -> None:
+        """Stop every server."""
+        for number in range(len(self.processes)):
+            self.kill(number)
+
+
+def start_node(
+    urls: Sequence[str], name: str, port: int, data_dir: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``calor serve --cluster`` as node ``name`` on ``port``, logging to ``log_path``."""
+    calor = str(Path(sys.executable).with_name("calor"))
+    command = [calor, "serve", "--cluster", ",".join(urls), "--node-id", name]
+    command += ["--port", str(port), "--data-dir", str(data_dir)]
+    with log_path.open("ab") as log:  # the child keeps its own copy
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for_port(port: int, timeout: float) -> None:
+    """Wait until something listens on ``port`` (TimeoutError after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run NATS servers and Calor nodes until Ctrl-C or SIGTERM."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3, help="Calor nodes (default 3)")
+    parser.add_argument(
+        "--dir", type=Path, default=Path.home() / ".calor" / "cluster", help="where they keep data"
+    )
+    parser.add_argument("--port", type=int, default=50051, help="the first node's port")
+    parser.add_argument("--nats-port", type=int, default=4222, help="the first NATS port")
+    args = parser.parse_args(argv)
+    nats = NatsServers(args.dir / "nats", first_port=args.nats_port)
+    nats.start()
+    nodes: list[subprocess.Popen[bytes]] = []
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        for number in range(args.nodes):
+            name = f"node-{number}"
+            port, data, log = args.port + number, args.dir / name, args.dir / f"{name}.log"
+            nodes.append(start_node(nats.urls, name, port, data, log))
+        for number in range(args.nodes):
+            wait_for_port(args.port + number, 120.0)
+        print(f"NATS JetStream (the write log and the lease on each): {','.join(nats.urls)}")
+        for number in range(args.nodes):
+            log = args.dir / f"node-{number}.log"
+            print(f"calor node-{number}: 127.0.0.1:{args.port + number}  (log {log})")
+        print("Any node takes any call; one owns the store, the others forward to it.")
+        print(f"Try: calor --target 127.0.0.1:{args.port + 1} store 'hello from the cluster'")
+        print("Ctrl-C stops them all.", flush=True)
+        while not stopping.wait(0.5):
+            if any(node.poll() is not None for node in nodes):
+                print("a Calor node exited; see its log", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.send_signal(signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.wait(30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        nats.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
