@@ -136,12 +136,15 @@ class Cluster:
             if self.processes[number] is None:
                 continue
             request = pb.ListMemoriesRequest(channel="probe", page_size=1)
-            _, call = stub.ListMemories.with_call(request, timeout=5.0)
+            try:
+                _, call = stub.ListMemories.with_call(request, timeout=5.0)
+            except grpc.RpcError:
+                continue  # starting, or forwarding to an owner that is
             if not any(key == "calor-owner" for key, _ in call.trailing_metadata() or ()):
                 return number
         raise RuntimeError("no node owns the store")
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
         for channel in self.channels:
             channel.close()
         for number, process in enumerate(self.processes):
@@ -152,7 +155,10 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     self.kill_node(number)
         self.nats.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if keep:
+            print(f"logs kept in {self.root}")
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 class Load:
@@ -277,7 +283,7 @@ def kill_rounds(cluster: Cluster, kills: int, seed: int) -> Json:
     }
 
 
-def run(memories: int, queries: int, kills: int, seed: int) -> Json:
+def run(memories: int, queries: int, kills: int, seed: int, keep: bool = False) -> Json:
     corpus = build_corpus(memories, queries)
     texts, questions = corpus.texts, corpus.queries
     report: Json = {
@@ -307,7 +313,7 @@ def run(memories: int, queries: int, kills: int, seed: int) -> Json:
             print(f"{kills} kills of the owner and a NATS server under load...", flush=True)
             report["kills"] = kill_rounds(cluster, kills, seed)
     finally:
-        cluster.close()
+        cluster.close(keep)
     return report
 
 
@@ -354,8 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--keep", action="store_true", help="keep the nodes' data and logs")
     args = parser.parse_args(argv)
-    report = run(args.memories, args.queries, args.kills, args.seed)
+    report = run(args.memories, args.queries, args.kills, args.seed, args.keep)
     print()
     print(render(report))
     path = write_results(report, args.out, name="cluster")

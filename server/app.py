@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -253,11 +254,14 @@ class CalorServer:
         follow = partial(store.catch_up, node.write_log)  # a short catch-up at takeover
         if not await loop.run_in_executor(None, node.wait_for_lease, follow):
             return False
+        started = time.monotonic()
         applied = await loop.run_in_executor(None, store.take_over, node.write_log)
         log.info(
-            "cluster node %s owns the store: %d write-log entries caught up, at position %d",
+            "cluster node %s owns the store: %d write-log entries caught up in %.2f s, at "
+            "position %d",
             me.node_id,
             applied,
+            time.monotonic() - started,
             store.log_position,
         )
         return True

@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -21,7 +22,9 @@ from calor.server.cluster.local import NatsServers as NatsCluster
 from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
+from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
+from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.calor_process import CalorProcess
 
 CHANNEL = "fleet"
@@ -65,6 +68,18 @@ class Node:
         assert self._channel is not None
         return MemoryServiceStub(self._channel)
 
+    @property
+    def triggers(self) -> TriggerServiceStub:
+        assert self._channel is not None
+        return TriggerServiceStub(self._channel)
+
+    def subscribe(self, channel: str, after_seq: int = 0) -> Any:
+        """A channel's ON_STORE events after ``after_seq``, as a stream."""
+        request = tpb.SubscribeRequest(
+            channels=[channel], kinds=[tpb.EVENT_KIND_ON_STORE], after_seq=after_seq
+        )
+        return self.triggers.Subscribe(request, timeout=TIMEOUT)
+
     def answering(self, within: float = 30.0) -> float:
         """Wait until a call through this node is answered (by it or by the owner it
         forwards to); the seconds that took."""
@@ -84,8 +99,8 @@ class Node:
                     raise AssertionError(f"no answer in {within} s:\n{tail}") from error
                 time.sleep(0.1)
 
-    def store(self, text: str) -> str:
-        request = pb.StoreRequest(channel=CHANNEL, text=text)
+    def store(self, text: str, channel: str = CHANNEL) -> str:
+        request = pb.StoreRequest(channel=channel, text=text)
         return str(self.stub.Store(request, timeout=TIMEOUT).memory.id)
 
     def texts(self, timeout: float = TIMEOUT) -> dict[str, str]:
@@ -197,6 +212,27 @@ def test_an_owner_that_lost_its_lease_unknowing_cannot_write_and_stops(
             texts = second.texts()
     assert {kept, taken} <= set(texts)
     assert "Written on the old owner after it lost the store." not in texts.values()
+
+
+def test_a_subscriber_that_resumes_on_another_node_after_the_owner_died_misses_nothing(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    with Node(nats, tmp_path / "a", "a") as first:
+        first.answering()
+        with Node(nats, tmp_path / "b", "b") as second:
+            events = "events"  # a channel no other test writes to
+            stream = second.subscribe(events)  # forwarded to the owner
+            ids = [first.store(text, events) for text in FACTS[:2]]
+            seen = [next(stream).event]  # the second event is acknowledged, not yet read
+            stream.cancel()
+            first.process.kill()
+            second.answering()
+            ids += [second.store(text, events) for text in FACTS[2:]]
+            resumed = second.subscribe(events, after_seq=seen[0].seq)
+            seen += [next(resumed).event for _ in range(3)]
+            resumed.cancel()
+    assert [event.memory_id for event in seen] == ids
+    assert [event.seq for event in seen] == sorted({event.seq for event in seen})
 
 
 def test_writes_go_on_with_one_nats_server_killed(nats: NatsCluster, tmp_path: Path) -> None:

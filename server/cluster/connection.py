@@ -48,9 +48,11 @@ class NatsConnection:
 
     @classmethod
     def open(
-        cls, servers: list[str], *, timeout: float = 5.0, retry_seconds: float = 15.0
+        cls, servers: list[str], *, timeout: float = 1.0, retry_seconds: float = 15.0
     ) -> NatsConnection:
-        """Connect to any of ``servers``.
+        """Connect to any of ``servers``. ``timeout`` bounds each request: short, so that
+        a request lost with a dying server (or a stream electing a new leader) is asked
+        again soon, by :meth:`persist`.
 
         Raises:
             UnavailableError: None of them answered.
@@ -63,7 +65,7 @@ class NatsConnection:
             return await nats.connect(
                 servers,
                 name="calor",
-                connect_timeout=timeout,
+                connect_timeout=max(timeout, 5.0),
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
                 reconnect_time_wait=0.25,  # a server died: the next one at once
