@@ -43,7 +43,7 @@ from _server import Server
 from corpus import build_corpus
 from throughput import machine_info, recall_times, store_times, summarize, write_results
 
-from calor.server.cluster.local import NatsServers, free_port, start_node, wait_for_port
+from calor.server.cluster.local import NatsServers, free_port, kill9, start_node, wait_for_port
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import memory_service_pb2_grpc as pb_grpc
 
@@ -111,11 +111,7 @@ class Cluster:
         wait_for_port(self.ports[number], 120.0)
 
     def kill_node(self, number: int) -> None:
-        process = self.processes[number]
-        if process is not None:
-            process.kill()
-            process.wait()
-            self.processes[number] = None
+        kill9(self.processes, number)
 
     def answering(self, number: int, within: float = 120.0) -> float:
         """Seconds until a write through node ``number`` is acknowledged."""

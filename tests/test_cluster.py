@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,15 @@ class Node:
         return [hit.memory.text for hit in self.stub.Recall(request, timeout=TIMEOUT).hits]
 
 
+@contextmanager
+def owner_and_other(nats: NatsCluster, tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+    """Node "a", started first and so the owner, and node "b", which forwards to it."""
+    with Node(nats, tmp_path / "a", "a") as owner:
+        owner.answering()
+        with Node(nats, tmp_path / "b", "b") as other:
+            yield owner, other
+
+
 FACTS = [
     "The staging database moved to a host in Frankfurt in March.",
     "Maria prefers short status reports on Friday afternoons.",
@@ -163,53 +173,49 @@ def test_a_node_that_was_away_catches_up_with_what_others_wrote_meanwhile(
 def test_a_call_to_a_node_that_does_not_own_the_store_is_forwarded_to_the_owner(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
-    with Node(nats, tmp_path / "a", "a") as owner:
-        owner.answering()
-        with Node(nats, tmp_path / "b", "b") as other:
-            stored, call = other.stub.Store.with_call(
-                pb.StoreRequest(channel=CHANNEL, text=FACTS[0]), timeout=TIMEOUT
-            )
-            trailing = dict(call.trailing_metadata() or ())
-            assert trailing.get("calor-owner") == owner.process.target
-            streamed = other.stub.StoreStream(
-                iter(
-                    [
-                        pb.StoreStreamRequest(store=pb.StoreRequest(channel=CHANNEL, text=t))
-                        for t in FACTS[1:]
-                    ]
-                ),
-                timeout=TIMEOUT,
-            )
-            assert len(streamed.ids) == 3
-            expected = {stored.memory.id, *streamed.ids}
-            assert set(owner.texts()) >= expected
-            assert set(other.texts()) >= expected
-            assert other.recall("when does the on-call rotation change?")[0] == FACTS[3]
-            bad = pb.StoreRequest(channel=CHANNEL, text="")
-            with pytest.raises(grpc.RpcError) as refused:  # the owner's own answer, relayed
-                other.stub.Store(bad, timeout=TIMEOUT)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with owner_and_other(nats, tmp_path) as (owner, other):
+        stored, call = other.stub.Store.with_call(
+            pb.StoreRequest(channel=CHANNEL, text=FACTS[0]), timeout=TIMEOUT
+        )
+        trailing = dict(call.trailing_metadata() or ())
+        assert trailing.get("calor-owner") == owner.process.target
+        streamed = other.stub.StoreStream(
+            iter(
+                [
+                    pb.StoreStreamRequest(store=pb.StoreRequest(channel=CHANNEL, text=t))
+                    for t in FACTS[1:]
+                ]
+            ),
+            timeout=TIMEOUT,
+        )
+        assert len(streamed.ids) == 3
+        expected = {stored.memory.id, *streamed.ids}
+        assert set(owner.texts()) >= expected
+        assert set(other.texts()) >= expected
+        assert other.recall("when does the on-call rotation change?")[0] == FACTS[3]
+        bad = pb.StoreRequest(channel=CHANNEL, text="")
+        with pytest.raises(grpc.RpcError) as refused:  # the owner's own answer, relayed
+            other.stub.Store(bad, timeout=TIMEOUT)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_an_owner_that_lost_its_lease_unknowing_cannot_write_and_stops(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
-    with Node(nats, tmp_path / "a", "a") as first:
-        first.answering()  # the first node up owns the store
-        with Node(nats, tmp_path / "b", "b") as second:
-            kept = first.store("Written while the first node owned the store.")
-            os.kill(first.process.pid, signal.SIGSTOP)  # frozen: it cannot renew its lease
-            try:
-                second.answering()  # the lease lapsed: the second node took the store over
-                taken = second.store("Written after the second node took over.")
-            finally:
-                os.kill(first.process.pid, signal.SIGCONT)
-            with pytest.raises(grpc.RpcError) as refused:  # fenced, or cut short by its stop
-                first.store("Written on the old owner after it lost the store.")
-            stopping = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-            assert refused.value.code() in stopping
-            assert first.process.wait(30) == 0  # it stopped by itself, cleanly
-            texts = second.texts()
+    with owner_and_other(nats, tmp_path) as (first, second):
+        kept = first.store("Written while the first node owned the store.")
+        os.kill(first.process.pid, signal.SIGSTOP)  # frozen: it cannot renew its lease
+        try:
+            second.answering()  # the lease lapsed: the second node took the store over
+            taken = second.store("Written after the second node took over.")
+        finally:
+            os.kill(first.process.pid, signal.SIGCONT)
+        with pytest.raises(grpc.RpcError) as refused:  # fenced, or cut short by its stop
+            first.store("Written on the old owner after it lost the store.")
+        stopping = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        assert refused.value.code() in stopping
+        assert first.process.wait(30) == 0  # it stopped by itself, cleanly
+        texts = second.texts()
     assert {kept, taken} <= set(texts)
     assert "Written on the old owner after it lost the store." not in texts.values()
 
@@ -217,20 +223,18 @@ def test_an_owner_that_lost_its_lease_unknowing_cannot_write_and_stops(
 def test_a_subscriber_that_resumes_on_another_node_after_the_owner_died_misses_nothing(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
-    with Node(nats, tmp_path / "a", "a") as first:
-        first.answering()
-        with Node(nats, tmp_path / "b", "b") as second:
-            events = "events"  # a channel no other test writes to
-            stream = second.subscribe(events)  # forwarded to the owner
-            ids = [first.store(text, events) for text in FACTS[:2]]
-            seen = [next(stream).event]  # the second event is acknowledged, not yet read
-            stream.cancel()
-            first.process.kill()
-            second.answering()
-            ids += [second.store(text, events) for text in FACTS[2:]]
-            resumed = second.subscribe(events, after_seq=seen[0].seq)
-            seen += [next(resumed).event for _ in range(3)]
-            resumed.cancel()
+    with owner_and_other(nats, tmp_path) as (first, second):
+        events = "events"  # a channel no other test writes to
+        stream = second.subscribe(events)  # forwarded to the owner
+        ids = [first.store(text, events) for text in FACTS[:2]]
+        seen = [next(stream).event]  # the second event is acknowledged, not yet read
+        stream.cancel()
+        first.process.kill()
+        second.answering()
+        ids += [second.store(text, events) for text in FACTS[2:]]
+        resumed = second.subscribe(events, after_seq=seen[0].seq)
+        seen += [next(resumed).event for _ in range(3)]
+        resumed.cancel()
     assert [event.memory_id for event in seen] == ids
     assert [event.seq for event in seen] == sorted({event.seq for event in seen})
 

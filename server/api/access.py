@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 
 from calor.server.api import caller
 from calor.server.api.auth_file import ApiKey, KeyRing
+from calor.server.api.decoding import HANDLER_KINDS
 from calor.server.api.grants import EVERY_CHANNEL, EVERYTHING, Grants, Permission
 
 __all__ = ["OPEN_SERVICES", "RULES", "AccessControl", "Need", "loopback"]
@@ -302,18 +303,10 @@ async def _next(stream: AsyncIterator[Any]) -> Any:
     return await anext(stream)
 
 
-_KINDS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
 def _replace(handler: _Handler, behaviour: Callable[..., Any], *, decode: bool = True) -> _Handler:
     """A handler of the same kind and serializer as ``handler`` that runs ``behaviour``;
     ``decode=False`` hands it the undecoded bytes."""
-    kind = _KINDS[(handler.request_streaming, handler.response_streaming)]
+    kind = HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
     return kind(
         behaviour,
         request_deserializer=handler.request_deserializer if decode else None,

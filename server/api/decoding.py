@@ -25,12 +25,12 @@ import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-__all__ = ["DecodingInterceptor", "Undecodable", "enum_problem", "wrapped"]
+__all__ = ["HANDLER_KINDS", "DecodingInterceptor", "Undecodable", "enum_problem", "wrapped"]
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 _Context = grpc.aio.ServicerContext[Any, Any]
-_KINDS = {
+HANDLER_KINDS = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (False, True): grpc.unary_stream_rpc_method_handler,
     (True, False): grpc.stream_unary_rpc_method_handler,
@@ -103,7 +103,7 @@ def wrapped(
                 return await inner(await arguments(request, context), context)
 
         behaviour = answering
-    kind = _KINDS[(handler.request_streaming, handler.response_streaming)]
+    kind = HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
     made = kind(
         behaviour,
         request_deserializer=deserializer or handler.request_deserializer,

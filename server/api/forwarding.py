@@ -15,18 +15,14 @@ from typing import Any, cast
 
 import grpc
 
+from calor.server.api.decoding import HANDLER_KINDS
+
 __all__ = ["FORWARDED_BY", "OWNER", "ForwardingInterceptor"]
 
 FORWARDED_BY = "calor-forwarded-by"
 OWNER = "calor-owner"
 _Context = grpc.aio.ServicerContext[Any, Any]
 _DROPPED = ("user-agent", "grpc-", ":")
-_KINDS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
 
 
 def _serialize(message: Any) -> bytes:
@@ -93,7 +89,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
                 return response
 
             behaviour = answering
-        kind = _KINDS[(handler.request_streaming, handler.response_streaming)]
+        kind = HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
         original = handler.response_serializer
         return kind(
             behaviour,

@@ -24,7 +24,14 @@ from pathlib import Path
 import nats
 from nats.errors import Error as NatsError
 
-__all__ = ["NatsServers", "free_port", "nats_server_binary", "start_node", "wait_for_port"]
+__all__ = [
+    "NatsServers",
+    "free_port",
+    "kill9",
+    "nats_server_binary",
+    "start_node",
+    "wait_for_port",
+]
 
 NATS_SERVERS = 3
 
@@ -113,16 +120,21 @@ cluster {{
 
     def kill(self, number: int) -> None:
         """``kill -9`` server ``number``."""
-        process = self.processes[number]
-        if process is not None:
-            process.kill()
-            process.wait()
-            self.processes[number] = None
+        kill9(self.processes, number)
 
     def stop(self) -> None:
         """Stop every server."""
         for number in range(len(self.processes)):
             self.kill(number)
+
+
+def kill9(processes: list[subprocess.Popen[bytes] | None], number: int) -> None:
+    """``kill -9`` ``processes[number]`` if it runs, reap it, and mark it gone (None)."""
+    process = processes[number]
+    if process is not None:
+        process.kill()
+        process.wait()
+        processes[number] = None
 
 
 def start_node(
