@@ -391,13 +391,13 @@ class CalorServer:
             await self._embeddings.close()
         self.runtime.executor.shutdown(wait=True)
         self.metrics.close()
+        if self._cluster is not None:
+            self._cluster.close()  # calls are drained: give the lease up, stop following
+        await self._forwarding.close()
         if self._purger is not None:
             self._purger.close()  # what is still pending is purged at the next start
         if self._store is not None:
             self._store.close()
-        if self._cluster is not None:
-            self._cluster.close()
-        await self._forwarding.close()
 
 
 def _stop_this_process() -> None:
