@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,17 +13,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from calor.server.cluster.local import free_port
 from calor.v1 import memory_service_pb2_grpc as pb_grpc
 
 READY_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def calor_command() -> str:

@@ -23,6 +23,7 @@ from calor.client.cli import main
 from calor.server.api import auth_file
 from calor.server.api.access import RULES
 from calor.server.api.grants import Grants, parse_grant
+from calor.server.cluster.local import free_port
 from calor.v1 import (
     memory_service_pb2,
     settings_service_pb2,
@@ -34,7 +35,6 @@ from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from tests.conftest import ServerThread
-from tests.test_lifecycle_server import free_port
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED

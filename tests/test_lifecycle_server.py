@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import SystemClock
+from calor.server.cluster.local import free_port
 from calor.server.config import ServerConfig
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
@@ -93,12 +93,6 @@ def test_clean_restart_keeps_everything(embedder: OnnxEmbedder, tmp_path: Path) 
             assert total(stub, "home") == 2 and again.text.startswith("Recycling")
     finally:
         second.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -23,6 +23,13 @@ FORWARDED_BY = "calor-forwarded-by"
 OWNER = "calor-owner"
 _Context = grpc.aio.ServicerContext[Any, Any]
 _DROPPED = ("user-agent", "grpc-", ":")
+# The channel's call of each kind, by (request streaming, response streaming).
+_CALL_KINDS = {
+    (False, False): "unary_unary",
+    (False, True): "unary_stream",
+    (True, False): "stream_unary",
+    (True, True): "stream_stream",
+}
 
 
 def _serialize(message: Any) -> bytes:
@@ -125,13 +132,8 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         metadata.append((FORWARDED_BY, self._node_id))
         remaining = context.time_remaining()
         timeout = remaining if remaining is not None and remaining < 1e6 else None
-        kinds: dict[tuple[bool, bool], Callable[..., Any]] = {
-            (False, False): channel.unary_unary,
-            (False, True): channel.unary_stream,
-            (True, False): channel.stream_unary,
-            (True, True): channel.stream_stream,
-        }
-        make = kinds[(handler.request_streaming, handler.response_streaming)]
+        kind = _CALL_KINDS[(handler.request_streaming, handler.response_streaming)]
+        make: Callable[..., Any] = getattr(channel, kind)
         stub = make(method, request_serializer=_serialize, response_deserializer=None)
         return stub(request, metadata=metadata, timeout=timeout)
 

@@ -61,11 +61,13 @@ class NatsConnection:
         thread = threading.Thread(target=loop.run_forever, name="calor-nats", daemon=True)
         thread.start()
 
+        connect_timeout = max(timeout, 5.0)  # each server's TCP connect, in turn
+
         async def opened() -> Client:
             return await nats.connect(
                 servers,
                 name="calor",
-                connect_timeout=max(timeout, 5.0),
+                connect_timeout=connect_timeout,
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
                 reconnect_time_wait=0.25,  # a server died: the next one at once
@@ -74,7 +76,8 @@ class NatsConnection:
             )
 
         try:
-            client = asyncio.run_coroutine_threadsafe(opened(), loop).result(timeout * 3)
+            connecting = asyncio.run_coroutine_threadsafe(opened(), loop)
+            client = connecting.result(connect_timeout * (len(servers) + 1))
         except (NoServersError, OSError, TimeoutError) as error:
             loop.call_soon_threadsafe(loop.stop)
             raise UnavailableError(f"no NATS server answered at {','.join(servers)}") from error

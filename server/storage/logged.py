@@ -66,10 +66,6 @@ class LoggedBatch:
         self.batch.delete_range(start, end)
         self._parts += (_DELETE_RANGE, _LENGTH.pack(len(start)), start, _LENGTH.pack(len(end)), end)
 
-    def size_in_bytes(self) -> int:
-        """The batch's size, as RocksDB counts it."""
-        return int(self.batch.size_in_bytes())
-
     def entry(self) -> bytes:
         """What the batch writes, as one log entry."""
         return b"".join(self._parts)
