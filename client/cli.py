@@ -126,15 +126,15 @@ def _allow_entry(value: str) -> str:
     return value
 
 
-def _chain_depth(value: str) -> int:
-    """A ``--max-chain-depth``: a whole number, at least 1."""
+def _at_least_one(value: str) -> int:
+    """A whole number, at least 1 (``--max-chain-depth``, ``--snapshot-entries``)."""
     try:
-        depth = int(value)
+        number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if depth < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {depth}")
-    return depth
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
 def _seconds(value: str) -> float:
@@ -176,6 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
         "log_replicas": args.log_replicas,
         "lease_seconds": args.lease_seconds,
         "advertise": args.advertise,
+        "snapshot_entries": args.snapshot_entries,
         **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -415,7 +416,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-chain-depth",
         metavar="N",
-        type=_chain_depth,
+        type=_at_least_one,
         help="most triggers one chain of chain actions fires, counting the first (default 8)",
     )
     serve.add_argument(
@@ -495,6 +496,12 @@ def _parser() -> argparse.ArgumentParser:
         "--advertise",
         metavar="HOST:PORT",
         help="where other cluster nodes reach this one (default: --host and the bound port)",
+    )
+    serve.add_argument(
+        "--snapshot-entries",
+        type=_at_least_one,
+        metavar="N",
+        help="write-log entries between snapshots of the store (default 10000)",
     )
     add_limit_options(serve)
 

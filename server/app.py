@@ -242,6 +242,7 @@ class CalorServer:
             ClusterNode.join,
             list(config.cluster),
             me,
+            config.data_dir / "snapshots",
             replicas=config.log_replicas,
             lease_seconds=config.lease_seconds,
         )
@@ -251,11 +252,11 @@ class CalorServer:
         node.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("cluster node %s (%s): forwarding to the store's owner", me.node_id, me.address)
-        follow = partial(store.catch_up, node.write_log)  # a short catch-up at takeover
+        follow = partial(node.follow, store)  # a short catch-up at takeover
         if not await loop.run_in_executor(None, node.wait_for_lease, follow):
             return False
         started = time.monotonic()
-        applied = await loop.run_in_executor(None, store.take_over, node.write_log)
+        applied = await loop.run_in_executor(None, node.take_over, store)
         log.info(
             "cluster node %s owns the store: %d write-log entries caught up in %.2f s, at "
             "position %d",
@@ -264,6 +265,7 @@ class CalorServer:
             time.monotonic() - started,
             store.log_position,
         )
+        node.keep_snapshots(store, config.snapshot_entries)
         return True
 
     async def _set_health(self, status: int) -> None:

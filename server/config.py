@@ -102,6 +102,8 @@ class ServerConfig:
             before another node takes the store over.
         advertise: The ``host:port`` other nodes forward calls to; empty: ``host`` and
             the bound port.
+        snapshot_entries: Write-log entries between two snapshots of the store; the
+            log keeps those since the snapshot before the last one.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -136,3 +138,4 @@ class ServerConfig:
     log_replicas: int = 3
     lease_seconds: float = 3.0
     advertise: str = ""
+    snapshot_entries: int = 10_000

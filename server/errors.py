@@ -129,6 +129,11 @@ class LogBehindError(UnavailableError):
     append (another node owns the store now, or an append's answer was lost)."""
 
 
+class LogTrimmedError(UnavailableError):
+    """Cluster mode: the write log no longer holds the entries after this node's position
+    (it was trimmed once a snapshot held them): the node starts from the snapshot."""
+
+
 class ModelUnavailableError(UnavailableError):
     """The embedding model files are missing or do not match their hashes."""
 

@@ -19,6 +19,8 @@ import grpc
 import pytest
 import rocksdict
 
+from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.local import NatsServers as NatsCluster
 from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
@@ -43,7 +45,7 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
 class Node:
     """One ``calor serve --cluster`` process and a stub on it."""
 
-    def __init__(self, nats: NatsCluster, data_dir: Path, name: str) -> None:
+    def __init__(self, nats: NatsCluster, data_dir: Path, name: str, *options: str) -> None:
         self.process = CalorProcess(
             data_dir,
             data_dir.parent / f"{name}.log",
@@ -51,6 +53,7 @@ class Node:
             ",".join(nats.urls),
             "--node-id",
             name,
+            *options,
         )
         self._channel: grpc.Channel | None = None
 
@@ -237,6 +240,39 @@ def test_a_subscriber_that_resumes_on_another_node_after_the_owner_died_misses_n
         resumed.cancel()
     assert [event.memory_id for event in seen] == ids
     assert [event.seq for event in seen] == sorted({event.seq for event in seen})
+
+
+def test_nodes_behind_a_log_trimmed_after_snapshots_start_from_the_newest_snapshot(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    probe = NatsConnection.open(nats.urls)
+    write_log = JetStreamLog(probe)
+    often = ("--snapshot-entries", "4")
+    try:
+        with Node(nats, tmp_path / "b", "b", *often) as early:
+            early.answering()
+            ids = {early.store("Written before the log was trimmed."): "early"}
+            early.process.stop()
+        left_at = write_log.bounds()[1]  # node b's disk holds the log up to here
+        with Node(nats, tmp_path / "a", "a", *often) as owner:
+            owner.answering()
+            for n in range(100):  # a snapshot each 4 entries; the log trimmed to the one before
+                ids[owner.store(f"Fact number {n} of the trimmed log.")] = str(n)
+                if write_log.bounds()[0] > left_at + 1:
+                    break
+                time.sleep(0.2)
+            assert write_log.bounds()[0] > left_at + 1, "the log was never trimmed"
+            owner.process.kill()
+    finally:
+        probe.close()
+    with Node(nats, tmp_path / "b", "b", *often) as behind:  # its disk, behind the log's start
+        behind.answering()
+        assert set(ids) <= set(behind.texts())
+        with Node(nats, tmp_path / "c", "c") as empty:  # follows from the snapshot
+            behind.process.kill()
+            empty.answering()
+            assert set(ids) <= set(empty.texts())
+            assert "loaded the snapshot" in empty.process.log_tail(1000)
 
 
 def test_writes_go_on_with_one_nats_server_killed(nats: NatsCluster, tmp_path: Path) -> None:

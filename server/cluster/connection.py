@@ -37,6 +37,7 @@ class NatsConnection:
         self,
         client: Client,
         loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread,
         timeout: float,
         retry_seconds: float,
     ) -> None:
@@ -45,6 +46,7 @@ class NatsConnection:
         self.retry_seconds = retry_seconds
         self.js: JetStreamContext = client.jetstream(timeout=timeout)
         self._loop = loop
+        self._thread = thread
 
     @classmethod
     def open(
@@ -79,25 +81,32 @@ class NatsConnection:
             connecting = asyncio.run_coroutine_threadsafe(opened(), loop)
             client = connecting.result(connect_timeout * (len(servers) + 1))
         except (NoServersError, OSError, TimeoutError) as error:
-            loop.call_soon_threadsafe(loop.stop)
+            _end(loop, thread)
             raise UnavailableError(f"no NATS server answered at {','.join(servers)}") from error
-        return cls(client, loop, timeout, retry_seconds)
+        return cls(client, loop, thread, timeout, retry_seconds)
 
-    def run(self, work: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``work`` on the connection's loop and wait for its result (blocking)."""
+    def run(self, work: Coroutine[Any, Any, _T], seconds: float | None = None) -> _T:
+        """Run ``work`` on the connection's loop and wait for its result (blocking), for
+        up to ``seconds`` (twice a request's timeout if None)."""
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
-        return future.result(self.timeout * 2)
+        try:
+            return future.result(self.timeout * 2 if seconds is None else seconds)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def persist(
         self,
         work: Callable[[], Coroutine[Any, Any, _T]],
         what: str,
         seconds: float | None = None,
+        attempt_seconds: float | None = None,
     ) -> _T:
         """:meth:`run` ``work()``, and again while no server answers (one died and the
         client moves to another; a stream elects a new leader; the cluster is still
-        forming), for up to ``seconds`` (``retry_seconds`` if None). A
-        :class:`CalorError` it raises is not retried.
+        forming), for up to ``seconds`` (``retry_seconds`` if None); each attempt may
+        take ``attempt_seconds`` (as :meth:`run`). A :class:`CalorError` it raises is
+        not retried.
 
         Raises:
             UnavailableError: Still no answer after that long.
@@ -106,7 +115,7 @@ class NatsConnection:
         pause = 0.05
         while True:
             try:
-                return self.run(work())
+                return self.run(work(), attempt_seconds)
             except CalorError:
                 raise
             except (NatsError, TimeoutError, OSError) as error:
@@ -122,4 +131,12 @@ class NatsConnection:
             self.run(self.client.drain())
         except Exception:  # closing: what is left to drain no longer matters
             log.debug("nats: drain on close failed", exc_info=True)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        _end(self._loop, self._thread)
+
+
+def _end(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop the connection's loop, wait for its thread, and close the loop."""
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    if not thread.is_alive():
+        loop.close()

@@ -26,7 +26,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, NotFoundError
 
 from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
-from calor.server.errors import FailedPreconditionError, LogBehindError
+from calor.server.errors import FailedPreconditionError, LogBehindError, LogTrimmedError
 
 __all__ = ["JetStreamLog", "STREAM", "WRITES"]
 
@@ -108,12 +108,25 @@ class JetStreamLog:
 
     def entries_after(self, position: int) -> Iterator[tuple[int, bytes]]:
         """See :meth:`calor.server.storage.logged.WriteLog.entries_after`."""
-        last = self._nats.persist(self._last_position, "read the write log's end")
+        first, last = self.bounds()
+        if position < last and position + 1 < first:
+            raise LogTrimmedError(
+                f"the write log begins at entry {first}, after this node's {position}"
+            )
         seen = position
         while seen < last:
             chunk = self._nats.persist(partial(self._chunk, seen + 1), "read the write log")
+            if chunk and chunk[0][0] != seen + 1:  # trimmed while it was read
+                raise LogTrimmedError(f"the write log no longer holds entry {seen + 1}")
             for seen, data in chunk:
                 yield seen, data
+
+    def trim(self, through: int) -> None:
+        """Drop the entries before position ``through`` (a snapshot holds them); the
+        entry at ``through`` stays, the last one a writer's fence can name."""
+        self._nats.persist(
+            lambda: self._js.purge_stream(STREAM, seq=through), "trim the write log"
+        )
 
     async def _chunk(self, start: int) -> list[tuple[int, bytes]]:
         """The entries from position ``start`` on, as many as one fetch brings."""
@@ -133,6 +146,11 @@ class JetStreamLog:
             await subscription.unsubscribe()
         return [(message.metadata.sequence.stream, message.data) for message in messages]
 
-    async def _last_position(self) -> int:
-        info = await self._js.stream_info(STREAM)
-        return int(info.state.last_seq)
+    def bounds(self) -> tuple[int, int]:
+        """The positions of the log's first and last entries."""
+
+        async def read() -> tuple[int, int]:
+            info = await self._js.stream_info(STREAM)
+            return int(info.state.first_seq), int(info.state.last_seq)
+
+        return self._nats.persist(read, "read the write log's bounds")

@@ -1,19 +1,26 @@
-"""This node's part in a cluster: its connection, the write log, the store's lease, and
-where a call goes while another node owns the store."""
+"""This node's part in a cluster: its connection, the write log and its snapshots, the
+store's lease, and where a call goes while another node owns the store."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.placement import Lease, Owner
+from calor.server.cluster.snapshots import Snapshots
+from calor.server.errors import LogTrimmedError
+from calor.server.storage.store import MemoryStore
 
 __all__ = ["ClusterNode"]
 
 log = logging.getLogger(__name__)
+
+_SNAPSHOT_CHECK_SECONDS = 1.0
 
 
 class ClusterNode:
@@ -22,9 +29,15 @@ class ClusterNode:
     until it stops or loses the lease (``on_lost`` is called; the node should stop)."""
 
     def __init__(
-        self, nats: NatsConnection, write_log: JetStreamLog, lease: Lease, lease_seconds: float
+        self,
+        nats: NatsConnection,
+        write_log: JetStreamLog,
+        snapshots: Snapshots,
+        lease: Lease,
+        lease_seconds: float,
     ) -> None:
         self.write_log = write_log
+        self.snapshots = snapshots
         self.me = lease.me
         self.on_lost: Callable[[], None] = lambda: None
         self._nats = nats
@@ -34,18 +47,21 @@ class ClusterNode:
         self._owning = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._hold, name="calor-lease", daemon=True)
+        self._snapshotting: threading.Thread | None = None
 
     @classmethod
     def join(
         cls,
         servers: list[str],
         me: Owner,
+        workdir: Path,
         *,
         replicas: int = 3,
         lease_seconds: float = 3.0,
     ) -> ClusterNode:
-        """Connect to the NATS servers, with the write stream and the lease bucket made if
-        they do not exist yet.
+        """Connect to the NATS servers, with the write stream, the snapshot bucket and the
+        lease bucket made if they do not exist yet; ``workdir`` holds a snapshot's file
+        while it is written or read.
 
         Raises:
             UnavailableError: No NATS server answered, or JetStream could not make them.
@@ -54,11 +70,12 @@ class ClusterNode:
         nats = NatsConnection.open(servers)
         try:
             write_log = JetStreamLog.open(nats, replicas=replicas)
+            snapshots = Snapshots.open(nats, workdir, replicas=replicas)
             lease = Lease.open(nats, me, lease_seconds=lease_seconds, replicas=replicas)
         except Exception:
             nats.close()
             raise
-        return cls(nats, write_log, lease, lease_seconds)
+        return cls(nats, write_log, snapshots, lease, lease_seconds)
 
     def start(self) -> None:
         """Begin watching the lease (and taking it when it is free)."""
@@ -77,6 +94,78 @@ class ClusterNode:
             if self._owning.wait(0.5):
                 return True
         return False
+
+    def follow(self, store: MemoryStore) -> int:
+        """Catch ``store`` up with the write log (a node that does not own the store);
+        an empty store, or one behind the log's beginning, loads the newest snapshot
+        first. Returns how many entries were applied.
+
+        Raises:
+            LogTrimmedError: The log is trimmed past the newest snapshot too (an owner
+                that lost the store saved an older one): tried again later.
+        """
+        if store.log_position == 0:
+            self._load_snapshot(store)
+        try:
+            return store.catch_up(self.write_log)
+        except LogTrimmedError:
+            self._load_snapshot(store)
+            return store.catch_up(self.write_log)
+
+    def take_over(self, store: MemoryStore) -> int:
+        """Make ``store`` the write log's one writer (this node holds the lease): caught
+        up, from the newest snapshot if the log is trimmed past it. Returns how many
+        entries were caught up."""
+        try:
+            return store.take_over(self.write_log)
+        except LogTrimmedError:
+            self._load_snapshot(store)
+            return store.take_over(self.write_log)
+
+    def _load_snapshot(self, store: MemoryStore) -> None:
+        started = time.monotonic()
+        position = self.snapshots.load(store)
+        if position:
+            log.info(
+                "node %s loaded the snapshot at write-log position %d in %.2f s",
+                self.me.node_id,
+                position,
+                time.monotonic() - started,
+            )
+
+    def keep_snapshots(self, store: MemoryStore, every: int) -> None:
+        """While this node owns ``store``: save a snapshot each time the log has grown
+        by ``every`` entries, then trim the log up to the snapshot before it."""
+        self._snapshotting = threading.Thread(
+            target=self._snapshot_loop, args=(store, every), name="calor-snapshots", daemon=True
+        )
+        self._snapshotting.start()
+
+    def _snapshot_loop(self, store: MemoryStore, every: int) -> None:
+        try:
+            saved = self.snapshots.position()
+        except Exception:
+            log.warning("node %s: no snapshots (NATS away)", self.me.node_id, exc_info=True)
+            return
+        while not self._stopping.wait(_SNAPSHOT_CHECK_SECONDS):
+            if not self._owning.is_set() or store.log_position - saved < every:
+                continue
+            try:
+                started = time.monotonic()
+                if self.snapshots.position() > saved:
+                    return  # another node saves them now: this one lost the store
+                position = self.snapshots.save(store)
+                if saved:
+                    self.write_log.trim(saved)  # the log now begins at the last snapshot
+                log.info(
+                    "node %s saved a snapshot at write-log position %d in %.2f s",
+                    self.me.node_id,
+                    position,
+                    time.monotonic() - started,
+                )
+                saved = position
+            except Exception:
+                log.warning("node %s: a snapshot failed", self.me.node_id, exc_info=True)
 
     def forward_to(self) -> str | None:
         """The owner's address while another node owns the store; None when this one does
@@ -116,6 +205,8 @@ class ClusterNode:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(5)
+        if self._snapshotting is not None:
+            self._snapshotting.join()  # a snapshot being saved is finished first
         if self._owning.is_set():
             try:
                 self._lease.release()

@@ -8,14 +8,22 @@ raw keys. Replaying entries in log order onto any store rebuilds the same keys.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import rocksdict
 
 from calor.server.errors import StorageError
 
-__all__ = ["EMPTY_ENTRY", "Batch", "LoggedBatch", "WriteLog", "entry_operations", "replay"]
+__all__ = [
+    "EMPTY_ENTRY",
+    "Batch",
+    "LoggedBatch",
+    "WriteLog",
+    "entry_of_puts",
+    "entry_operations",
+    "replay",
+]
 
 _MAGIC = b"CW1"
 EMPTY_ENTRY = _MAGIC
@@ -40,7 +48,11 @@ class WriteLog(Protocol):
         ...
 
     def entries_after(self, position: int) -> Iterator[tuple[int, bytes]]:
-        """Every entry after ``position``, in order, with its position."""
+        """Every entry after ``position``, in order, with its position.
+
+        Raises:
+            LogTrimmedError: The log no longer holds the entry after ``position``.
+        """
         ...
 
 
@@ -73,6 +85,14 @@ class LoggedBatch:
 
 Batch = rocksdict.WriteBatch | LoggedBatch
 """What a commit's keys are put in: a plain batch, or one that keeps a log entry too."""
+
+
+def entry_of_puts(pairs: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """One entry that puts every key of ``pairs`` (a snapshot's part)."""
+    parts = [_MAGIC]
+    for key, value in pairs:
+        parts += (_PUT, _LENGTH.pack(len(key)), key, _LENGTH.pack(len(value)), value)
+    return b"".join(parts)
 
 
 def entry_operations(entry: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:

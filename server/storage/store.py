@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -312,6 +312,45 @@ class MemoryStore:
                 self._log = log
                 return applied
         raise LogBehindError("another writer kept appending to the write log; not taken over")
+
+    def frozen(self) -> tuple[int, Iterator[tuple[bytes, bytes]]]:
+        """Every key and its value as of now, with the write-log position they reflect
+        (that position's own key left out): a snapshot's content. Commits made while it
+        is read do not change what it yields."""
+        self._check_open()
+        with self._commit_lock:
+            view = self._db.snapshot()
+            position = self.log_position
+
+        def items() -> Iterator[tuple[bytes, bytes]]:
+            for key, value in view.items():
+                if key != Keys.LOG_POSITION:
+                    yield cast(bytes, key), cast(bytes, value)
+
+        return position, items()
+
+    def restore(self, position: int, entries: Iterable[bytes]) -> None:
+        """Replace every key with a snapshot's (``entries`` of puts, as :meth:`frozen`
+        read them at write-log ``position``), and compact the old bytes away. A restore
+        cut short leaves the store at position 0, to be restored again (cluster mode, on
+        a node that does not own the store)."""
+        self._check_open()
+        assert self._log is None, "the store's writer cannot restore a snapshot"
+        with self._commit_lock:
+            emptied = rocksdict.WriteBatch(raw_mode=True)
+            emptied.delete_range(b"\x00", b"\xff")  # every key: they begin with a letter
+            emptied.put(Keys.LOG_POSITION, b"0")
+            self._db.write(emptied, self._write_options)
+            for entry in entries:
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                replay(batch, entry)
+                self._db.write(batch, self._write_options)
+            self._db.put(Keys.LOG_POSITION, str(position).encode(), self._write_options)
+            self.log_position = position
+            self.last_seq = self._find_last_seq()
+            self._purging = _ranges_from(self._db.get(Keys.PURGE))
+            self._db.flush(wait=True)
+            self._db.compact_range(None, None)  # what was here before is gone from disk too
 
     def _logged(self, batch: LoggedBatch) -> int:
         """Append a commit to the write log (under the commit lock); its position."""
