@@ -74,10 +74,11 @@ test: $(STAMP) $(NODE_STAMP) nats-server lint
 	$(VENV)/bin/pytest -q
 
 ## The long fault and load runs (left out of `make test`): 20 kill -9 rounds under mixed
-## load (SOAK_ROUNDS), 32 clients for 60 s, 500 fuzzed requests per RPC (FUZZ_EXAMPLES).
-soak: $(STAMP)
+## load (SOAK_ROUNDS), 32 clients for 60 s, 500 fuzzed requests per RPC (FUZZ_EXAMPLES),
+## 20 kill rounds of cluster nodes and NATS servers under load (SOAK_ROUNDS).
+soak: $(STAMP) nats-server
 	SOAK_ROUNDS=$${SOAK_ROUNDS:-20} $(VENV)/bin/pytest -q -s -m soak \
-	  tests/test_crash_load.py tests/test_load.py tests/test_fuzz.py
+	  tests/test_crash_load.py tests/test_load.py tests/test_fuzz.py tests/test_cluster_drill.py
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

@@ -23,6 +23,11 @@ __all__ = ["JOIN_SECONDS", "NatsConnection"]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
+_MOST_PAUSE_SECONDS = 0.25
+"""The longest pause between two tries of a request no server answered: a stream's new
+leader (JetStream elects one seconds after the old one died) is found within a
+request's timeout and this."""
+
 JOIN_SECONDS = 60.0
 """How long a starting node waits for JetStream (a cluster starting with it may take
 several seconds to elect its leaders)."""
@@ -123,7 +128,7 @@ class NatsConnection:
                     raise UnavailableError(f"could not {what} on JetStream: {error}") from error
                 log.warning("nats: could not %s (%s); trying again", what, error)
             time.sleep(pause)
-            pause = min(pause * 2, 1.0)
+            pause = min(pause * 2, _MOST_PAUSE_SECONDS)
 
     def close(self) -> None:
         """Drain and close the connection, and stop its loop."""

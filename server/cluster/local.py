@@ -25,6 +25,7 @@ import nats
 from nats.errors import Error as NatsError
 
 __all__ = [
+    "LocalCluster",
     "NatsServers",
     "free_port",
     "kill9",
@@ -128,6 +129,72 @@ cluster {{
             self.kill(number)
 
 
+class LocalCluster:
+    """``size`` Calor nodes (``node-0``, ...) on ``NATS_SERVERS`` NATS servers, all under
+    ``root``: each node keeps its data in ``root/node-N`` and logs to
+    ``root/node-N.log``."""
+
+    def __init__(self, root: Path, size: int = 3, *, first_port: int = 0, nats_port: int = 0):
+        self.root = root
+        self.nats = NatsServers(root / "nats", first_port=nats_port)
+        ports = range(first_port, first_port + size) if first_port else range(size)
+        self.ports = list(ports) if first_port else [free_port() for _ in ports]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.options: list[str] = []
+        """Further ``calor serve`` options for every node."""
+
+    def targets(self) -> list[str]:
+        """Every node's ``host:port``."""
+        return [f"127.0.0.1:{port}" for port in self.ports]
+
+    def start(self) -> None:
+        """Start the NATS servers, then every node; wait until each listens."""
+        self.nats.start()
+        for number in range(len(self.ports)):
+            self.start_node(number, wait=False)
+        for port in self.ports:
+            wait_for_port(port, 120.0)
+
+    def start_node(self, number: int, *, wait: bool = True) -> None:
+        """Start (or restart, on its old data) node ``number``."""
+        name = f"node-{number}"
+        self.processes[number] = start_node(
+            self.nats.urls,
+            name,
+            self.ports[number],
+            self.root / name,
+            self.root / f"{name}.log",
+            *self.options,
+        )
+        if wait:
+            wait_for_port(self.ports[number], 120.0)
+
+    def kill_node(self, number: int) -> None:
+        """``kill -9`` node ``number``."""
+        kill9(self.processes, number)
+
+    def live(self) -> list[int]:
+        """The nodes running now."""
+        return [n for n, process in enumerate(self.processes) if process is not None]
+
+    def exited(self) -> list[int]:
+        """The nodes that exited without being killed here."""
+        return [n for n, p in enumerate(self.processes) if p is not None and p.poll() is not None]
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM; -9 after 30 s), then the NATS servers."""
+        for process in self.processes:
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for number, process in enumerate(self.processes):
+            if process is not None:
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.kill_node(number)
+        self.nats.stop()
+
+
 def kill9(processes: list[subprocess.Popen[bytes] | None], number: int) -> None:
     """``kill -9`` ``processes[number]`` if it runs, reap it, and mark it gone (None)."""
     process = processes[number]
@@ -138,12 +205,12 @@ def kill9(processes: list[subprocess.Popen[bytes] | None], number: int) -> None:
 
 
 def start_node(
-    urls: Sequence[str], name: str, port: int, data_dir: Path, log_path: Path
+    urls: Sequence[str], name: str, port: int, data_dir: Path, log_path: Path, *options: str
 ) -> subprocess.Popen[bytes]:
     """``calor serve --cluster`` as node ``name`` on ``port``, logging to ``log_path``."""
     calor = str(Path(sys.executable).with_name("calor"))
     command = [calor, "serve", "--cluster", ",".join(urls), "--node-id", name]
-    command += ["--port", str(port), "--data-dir", str(data_dir)]
+    command += ["--port", str(port), "--data-dir", str(data_dir), *options]
     with log_path.open("ab") as log:  # the child keeps its own copy
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
@@ -170,41 +237,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=50051, help="the first node's port")
     parser.add_argument("--nats-port", type=int, default=4222, help="the first NATS port")
     args = parser.parse_args(argv)
-    nats = NatsServers(args.dir / "nats", first_port=args.nats_port)
-    nats.start()
-    nodes: list[subprocess.Popen[bytes]] = []
+    cluster = LocalCluster(args.dir, args.nodes, first_port=args.port, nats_port=args.nats_port)
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
-        for number in range(args.nodes):
-            name = f"node-{number}"
-            port, data, log = args.port + number, args.dir / name, args.dir / f"{name}.log"
-            nodes.append(start_node(nats.urls, name, port, data, log))
-        for number in range(args.nodes):
-            wait_for_port(args.port + number, 120.0)
-        print(f"NATS JetStream (the write log and the lease on each): {','.join(nats.urls)}")
-        for number in range(args.nodes):
-            log = args.dir / f"node-{number}.log"
-            print(f"calor node-{number}: 127.0.0.1:{args.port + number}  (log {log})")
+        cluster.start()
+        urls = ",".join(cluster.nats.urls)
+        print(f"NATS JetStream (the write log and the lease on each): {urls}")
+        for number, target in enumerate(cluster.targets()):
+            print(f"calor node-{number}: {target}  (log {args.dir / f'node-{number}.log'})")
         print("Any node takes any call; one owns the store, the others forward to it.")
-        print(f"Try: calor --target 127.0.0.1:{args.port + 1} store 'hello from the cluster'")
+        print(f"Try: calor --target {cluster.targets()[-1]} store 'hello from the cluster'")
         print("Ctrl-C stops them all.", flush=True)
         while not stopping.wait(0.5):
-            if any(node.poll() is not None for node in nodes):
+            if cluster.exited():
                 print("a Calor node exited; see its log", file=sys.stderr)
                 return 1
         return 0
     finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.send_signal(signal.SIGTERM)
-        for node in nodes:
-            try:
-                node.wait(30)
-            except subprocess.TimeoutExpired:
-                node.kill()
-        nats.stop()
+        cluster.stop()
 
 
 if __name__ == "__main__":

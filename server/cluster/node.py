@@ -13,7 +13,7 @@ from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.placement import Lease, Owner
 from calor.server.cluster.snapshots import Snapshots
-from calor.server.errors import LogTrimmedError
+from calor.server.errors import LogTrimmedError, UnavailableError
 from calor.server.storage.store import MemoryStore
 
 __all__ = ["ClusterNode"]
@@ -48,6 +48,7 @@ class ClusterNode:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._hold, name="calor-lease", daemon=True)
         self._snapshotting: threading.Thread | None = None
+        self._using_store = threading.Lock()  # held while the log is applied to the store
 
     @classmethod
     def join(
@@ -86,7 +87,9 @@ class ClusterNode:
         ``meanwhile`` (catching the store up with the log) about twice a second."""
         while not self._stopping.is_set():
             try:
-                meanwhile()
+                with self._using_store:
+                    if not self._stopping.is_set():
+                        meanwhile()
             except Exception:  # NATS away for longer than a retry: try again later
                 log.warning(
                     "node %s could not follow the write log", self.me.node_id, exc_info=True
@@ -115,12 +118,19 @@ class ClusterNode:
     def take_over(self, store: MemoryStore) -> int:
         """Make ``store`` the write log's one writer (this node holds the lease): caught
         up, from the newest snapshot if the log is trimmed past it. Returns how many
-        entries were caught up."""
-        try:
-            return store.take_over(self.write_log)
-        except LogTrimmedError:
-            self._load_snapshot(store)
-            return store.take_over(self.write_log)
+        entries were caught up.
+
+        Raises:
+            UnavailableError: The node is stopping.
+        """
+        with self._using_store:
+            if self._stopping.is_set():
+                raise UnavailableError("the node is stopping")
+            try:
+                return store.take_over(self.write_log)
+            except LogTrimmedError:
+                self._load_snapshot(store)
+                return store.take_over(self.write_log)
 
     def _load_snapshot(self, store: MemoryStore) -> None:
         started = time.monotonic()
@@ -201,12 +211,16 @@ class ClusterNode:
             self._stopping.wait(renew_every if self._owning.is_set() else min(0.5, renew_every))
 
     def close(self) -> None:
-        """Stop the lease loop, give a held lease up, and close the connection."""
+        """Stop the lease loop, following the log and saving snapshots (what is under way
+        is finished first: the store may be closed after), give a held lease up, and
+        close the connection."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(5)
         if self._snapshotting is not None:
             self._snapshotting.join()  # a snapshot being saved is finished first
+        with self._using_store:  # the log's entries being applied are, too
+            pass
         if self._owning.is_set():
             try:
                 self._lease.release()
