@@ -1,7 +1,8 @@
 """Kill drills on a local cluster: clients storing and recalling through every live node,
-a subscriber following the events across node deaths, and Calor nodes and NATS servers
-killed with -9 at random moments; then the check that no acknowledged write was lost or
-applied twice and that the subscriber saw every event once.
+a trigger firing on each store, a subscriber following the events across node deaths,
+and Calor nodes and NATS servers killed with -9 at random moments; then the check that
+no acknowledged write was lost or applied twice, that each store fired its trigger
+once, and that the subscriber saw every event once.
 
     python -m calor.server.cluster.drill [--kills 20] [--kinds owner+nats] [--seed N]
 
@@ -43,6 +44,7 @@ server, or a random node or the owner with a NATS server at the same moment."""
 CLIENTS = 8
 _CALL_SECONDS = 10.0
 _ANSWER_SECONDS = 120.0
+_STORED, _NOTIFIED = tpb.EVENT_KIND_ON_STORE, tpb.EVENT_KIND_NOTIFY
 _WORDS = ["deploy", "coffee", "invoice", "rotation", "backup", "holiday", "budget", "review"]
 
 
@@ -147,14 +149,27 @@ class _Load:
                 time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """An event as the subscriber received it."""
+
+    seq: int
+    kind: int
+    memory_id: str
+    cause_seq: int  # a trigger's event: the seq of the event that fired it
+
+
 class _Follower:
-    """A subscriber to the drill's ON_STORE events that, when its stream ends (its node
-    or the owner died), subscribes again through a live node after the last event seen."""
+    """A subscriber to the drill's ON_STORE events and its triggers' NOTIFY events that,
+    when its stream ends (its node or the owner died), subscribes again through a live
+    node after the last event seen."""
 
     def __init__(self, nodes: _Nodes) -> None:
         self._nodes = nodes
-        self.seen: list[tuple[int, str]] = []  # (seq, memory id), in the order received
+        self.seen: list[_Seen] = []  # in the order received
         self.resumed = 0
+        """Streams that delivered events and then ended (a death), each followed by a new
+        subscription after the last event seen."""
         self._stream: Any = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drill-subscriber", daemon=True)
@@ -172,19 +187,24 @@ class _Follower:
     def _run(self) -> None:
         rng = random.Random(-1)
         while not self._stop.is_set():
-            after = self.seen[-1][0] if self.seen else 0
             request = tpb.SubscribeRequest(
-                channels=list(CHANNELS), kinds=[tpb.EVENT_KIND_ON_STORE], after_seq=after
+                channels=list(CHANNELS),
+                kinds=[_STORED, _NOTIFIED],
+                after_seq=self.seen[-1].seq if self.seen else 0,
             )
+            received = len(self.seen)
             try:
                 self._stream = self._nodes.triggers[self._nodes.any_live(rng)].Subscribe(request)
                 if self._stop.is_set():
                     self._stream.cancel()
                 for response in self._stream:
-                    self.seen.append((response.event.seq, response.event.memory_id))
+                    event = response.event
+                    cause = int(event.payload.get("cause_seq", "0") or 0)
+                    self.seen.append(_Seen(event.seq, event.kind, event.memory_id, cause))
             except grpc.RpcError:
-                pass  # the node or the owner died: resume through a live node
-            self.resumed += 1
+                pass  # the node or the owner died, or is starting: resume through a live node
+            if len(self.seen) > received and not self._stop.is_set():
+                self.resumed += 1  # a stream that delivered events ended
             self._stop.wait(0.1)
 
 
@@ -206,6 +226,10 @@ class Report:
     """Events the subscriber saw more than once."""
     events_out_of_order: int
     resubscriptions: int
+    firings_missed: int
+    """Stores whose trigger (a notify on every store) never fired."""
+    firings_repeated: int
+    """Stores whose trigger fired more than once."""
 
     @property
     def recoveries(self) -> list[float]:
@@ -241,6 +265,15 @@ class Drill:
 
     def run(self, kinds: Sequence[str]) -> Report:
         """One round per kind in ``kinds``, then the check."""
+        for channel in CHANNELS:  # a notify on each store, fired on the owner
+            trigger = tpb.Trigger(
+                id=f"notify-{channel}",
+                channel=channel,
+                event=_STORED,
+                action=tpb.ACTION_KIND_NOTIFY,
+                config={"message": "a store in the drill"},
+            )
+            self._create(tpb.CreateTriggerRequest(trigger=trigger))
         self.every_channel_answers()
         load, follower = _Load(self._nodes, self._writes), _Follower(self._nodes)
         load.start()
@@ -253,9 +286,28 @@ class Drill:
             time.sleep(2.0)
         finally:
             load.stop()
+        for number in self.cluster.exited():
+            self._say(f"node-{number} stopped by itself; started again for the check")
+            self.cluster.start_node(number)
+        self.every_channel_answers()
         self._wait_for_events(follower)
         follower.stop()
         return self._check(rounds, follower)
+
+    def _create(self, request: tpb.CreateTriggerRequest) -> None:
+        """Create a trigger through a live node, tried again until one answers."""
+        give_up = time.monotonic() + _ANSWER_SECONDS
+        while True:
+            node = self._nodes.any_live(self._rng)
+            try:
+                self._nodes.triggers[node].CreateTrigger(request, timeout=_CALL_SECONDS)
+                return
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    return  # an earlier try made it; its answer was lost
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.1)
 
     def _round(self, number: int, kind: str) -> dict[str, Any]:
         rng, cluster = self._rng, self.cluster
@@ -282,17 +334,21 @@ class Drill:
             f"round {number} ({kind}): killed {' and '.join(killed)}; every channel answered after "
             f"{recovered:.2f} s"
         )
+        stopped = cluster.exited()  # nodes that found they lost the store stop themselves
+        if stopped:
+            self._say(f"  nodes that stopped by themselves, started again: {stopped}")
         if server is not None:
             cluster.nats.start_server(server)
             wait_for_port(cluster.nats.client_ports[server], 60.0)
-        if node is not None:
-            cluster.start_node(node)
+        for number in [*stopped, *([] if node is None else [node])]:
+            cluster.start_node(number)
         return {
             "round": number,
             "kind": kind,
             "node": node,
             "owner_killed": node is not None and node == owner,
             "nats": server,
+            "stopped_by_themselves": stopped,
             "killed_at": round(killed_at, 3),
             "recovery_s": round(recovered, 3),
         }
@@ -321,10 +377,15 @@ class Drill:
         return found
 
     def _wait_for_events(self, follower: _Follower, seconds: float = 60.0) -> None:
-        """Let the subscriber catch up with the stores made (and not told) last."""
+        """Let the subscriber catch up with the stores made (and not told) last, and with
+        their triggers' firings."""
         stored = {i for view in self._stored(self.cluster.live()[0]).values() for i, _ in view}
         give_up = time.monotonic() + seconds
-        while time.monotonic() < give_up and not stored <= {i for _, i in follower.seen}:
+        while time.monotonic() < give_up:
+            seen = list(follower.seen)
+            stores = {e.seq for e in seen if e.kind == _STORED and e.memory_id in stored}
+            if len(stores) >= len(stored) and stores <= {e.cause_seq for e in seen}:
+                return
             time.sleep(0.2)
 
     def _check(self, rounds: list[dict[str, Any]], follower: _Follower) -> Report:
@@ -337,9 +398,11 @@ class Drill:
             every_id |= set(ids.values())
             duplicated += sum(1 for count in texts.values() if count > 1)
             lost += sum(1 for text, i in self._writes.acked.items() if ids.get(text) != i)
-        seqs = [seq for seq, _ in follower.seen]
-        events = Counter(seq for seq in seqs)
-        seen_ids = {memory_id for _, memory_id in follower.seen}
+        seen = follower.seen
+        seqs = [e.seq for e in seen]
+        events = Counter(seqs)
+        stores = {e.seq for e in seen if e.kind == _STORED}
+        fired = Counter(e.cause_seq for e in seen if e.kind == _NOTIFIED)
         return Report(
             rounds=rounds,
             writes_acknowledged=len(self._writes.acked),
@@ -347,10 +410,12 @@ class Drill:
             recalls_answered=self._writes.recalls,
             lost=lost,
             duplicated=duplicated,
-            events_missed=len(every_id - seen_ids),
+            events_missed=len(every_id - {e.memory_id for e in seen if e.kind == _STORED}),
             events_repeated=sum(count - 1 for count in events.values()),
             events_out_of_order=sum(1 for a, b in zip(seqs, seqs[1:], strict=False) if b <= a),
             resubscriptions=follower.resumed,
+            firings_missed=len(stores - set(fired)),
+            firings_repeated=sum(1 for count in fired.values() if count > 1),
         )
 
     def close(self) -> None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.placement import Lease, Owner
 from calor.server.cluster.snapshots import Snapshots
-from calor.server.errors import LogTrimmedError, UnavailableError
+from calor.server.errors import LogBehindError, LogTrimmedError, UnavailableError
 from calor.server.storage.store import MemoryStore
 
 __all__ = ["ClusterNode"]
@@ -21,6 +21,10 @@ __all__ = ["ClusterNode"]
 log = logging.getLogger(__name__)
 
 _SNAPSHOT_CHECK_SECONDS = 1.0
+_RETRY_SECONDS = 0.1
+_GRACE_SECONDS = 3 * _RETRY_SECONDS
+"""How long a node that found the lease free waits before taking it: an owner whose
+renewals NATS could not take (a KV leader being elected) is back first to regain it."""
 
 
 class ClusterNode:
@@ -49,6 +53,8 @@ class ClusterNode:
         self._thread = threading.Thread(target=self._hold, name="calor-lease", daemon=True)
         self._snapshotting: threading.Thread | None = None
         self._using_store = threading.Lock()  # held while the log is applied to the store
+        self._store: MemoryStore | None = None  # once this node writes it
+        self._losing = threading.Lock()
 
     @classmethod
     def join(
@@ -123,14 +129,18 @@ class ClusterNode:
         Raises:
             UnavailableError: The node is stopping.
         """
+        fenced = _Fenced(self.write_log, self._lose)
         with self._using_store:
             if self._stopping.is_set():
                 raise UnavailableError("the node is stopping")
             try:
-                return store.take_over(self.write_log)
+                applied = store.take_over(fenced)
             except LogTrimmedError:
                 self._load_snapshot(store)
-                return store.take_over(self.write_log)
+                applied = store.take_over(fenced)
+        self._store = store
+        fenced.armed = True  # from now on a refused append means another node wrote
+        return applied
 
     def _load_snapshot(self, store: MemoryStore) -> None:
         started = time.monotonic()
@@ -189,16 +199,17 @@ class ClusterNode:
         """The lease loop: renew it while held, else watch it and take it when free."""
         renew_every = self._lease_seconds / 3
         while not self._stopping.is_set():
+            pause = renew_every if self._owning.is_set() else min(0.5, renew_every)
             try:
                 if self._owning.is_set():
-                    if not self._lease.renew():
-                        log.critical("node %s lost the store's lease", self.me.node_id)
-                        self._owning.clear()
-                        self.on_lost()
+                    if not self._lease.renew() and not self._regain():
+                        self._lose("lost the store's lease")
                         return
                 else:
                     owner = self._lease.owner()
-                    if owner is None and self._lease.acquire():
+                    if owner is None and self._stopping.wait(_GRACE_SECONDS):
+                        break
+                    if owner is None and self._lease.owner() is None and self._lease.acquire():
                         owner = self.me
                         self._owning.set()
                     self._owner = owner
@@ -208,7 +219,34 @@ class ClusterNode:
                     self.me.node_id,
                     exc_info=True,
                 )
-            self._stopping.wait(renew_every if self._owning.is_set() else min(0.5, renew_every))
+                pause = _RETRY_SECONDS  # back first when NATS is: the lease is ours to regain
+            self._stopping.wait(pause)
+
+    def _regain(self) -> bool:
+        """After a renewal failed: take the lease again if it lapsed only because NATS
+        could not renew it in time (a KV leader being elected takes longer than a lease)
+        and no other node wrote to the log since. Whether this node holds it again."""
+        store = self._store
+        if store is None or not self._lease.acquire():
+            return False
+        if self.write_log.bounds()[1] != store.log_position:
+            self._lease.release()
+            return False
+        log.warning(
+            "node %s: its lease lapsed while NATS could not renew it; no other node wrote "
+            "since, so it holds the store again",
+            self.me.node_id,
+        )
+        return True  # had another node written meanwhile, the log's fence stops this one
+
+    def _lose(self, why: str) -> None:
+        """This node no longer owns the store: say so once and stop it (``on_lost``)."""
+        with self._losing:
+            if not self._owning.is_set():
+                return
+            self._owning.clear()
+        log.critical("node %s %s", self.me.node_id, why)
+        self.on_lost()
 
     def close(self) -> None:
         """Stop the lease loop, following the log and saving snapshots (what is under way
@@ -227,3 +265,25 @@ class ClusterNode:
             except Exception:  # NATS away: the lease lapses on its own
                 log.warning("node %s: the lease could not be given up", self.me.node_id)
         self._nats.close()
+
+
+class _Fenced:
+    """The write log as the owner's store appends to it: once ``armed``, an append the
+    log refuses (it holds an entry this node has not applied: another node wrote) means
+    this node lost the store, and ``lost`` hears why."""
+
+    def __init__(self, write_log: JetStreamLog, lost: Callable[[str], None]) -> None:
+        self._log = write_log
+        self._lost = lost
+        self.armed = False
+
+    def append(self, entry: bytes, after: int) -> int:
+        try:
+            return self._log.append(entry, after)
+        except LogBehindError:
+            if self.armed:
+                self._lost("found another node's entry in the write log")
+            raise
+
+    def entries_after(self, position: int) -> Iterator[tuple[int, bytes]]:
+        return self._log.entries_after(position)
