@@ -35,7 +35,17 @@ import tomli_w
 from calor.server.api.grants import Grant, Grants, permissions
 from calor.server.errors import FailedPreconditionError
 
-__all__ = ["TOKEN_PREFIX", "ApiKey", "KeyRing", "digest", "load", "new_key", "save"]
+__all__ = [
+    "TOKEN_PREFIX",
+    "ApiKey",
+    "KeyRing",
+    "digest",
+    "load",
+    "new_key",
+    "parse",
+    "read",
+    "save",
+]
 
 TOKEN_PREFIX = "calor_"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
@@ -112,17 +122,35 @@ def load(path: Path) -> KeyRing:
         FailedPreconditionError: The file cannot be read, is not TOML, or an entry is
             malformed (the message names the file and the entry).
     """
+    return parse(read(path), f"auth file {path}")
+
+
+def read(path: Path) -> bytes:
+    """An auth file's content, unchecked (:func:`parse` checks it).
+
+    Raises:
+        FailedPreconditionError: The file cannot be read.
+    """
     try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
+        return path.read_bytes()
     except OSError as error:
         raise FailedPreconditionError(f"auth file {path}: {error.strerror or error}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise FailedPreconditionError(f"auth file {path}: not TOML: {error}") from None
+
+
+def parse(content: bytes, source: str) -> KeyRing:
+    """Check an auth file's content; ``source`` names it in the errors.
+
+    Raises:
+        FailedPreconditionError: It is not TOML, or an entry is malformed.
+    """
+    try:
+        data = tomllib.loads(content.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise FailedPreconditionError(f"{source}: not TOML: {error}") from None
     try:
         return _keyring(data)
     except (ValueError, TypeError) as error:
-        raise FailedPreconditionError(f"auth file {path}: {error}") from None
+        raise FailedPreconditionError(f"{source}: {error}") from None
 
 
 def _keyring(data: Mapping[str, Any]) -> KeyRing:

@@ -1,5 +1,6 @@
 """This node's part in a cluster: its connection, the write log and its snapshots, the
-store's lease, and where a call goes while another node owns the store."""
+shared settings, the store's lease, and where a call goes while another node owns the
+store."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.placement import Lease, Owner
+from calor.server.cluster.settings import SharedSettings
 from calor.server.cluster.snapshots import Snapshots
 from calor.server.errors import LogBehindError, LogTrimmedError, UnavailableError
 from calor.server.storage.store import MemoryStore
@@ -37,11 +39,13 @@ class ClusterNode:
         nats: NatsConnection,
         write_log: JetStreamLog,
         snapshots: Snapshots,
+        settings: SharedSettings,
         lease: Lease,
         lease_seconds: float,
     ) -> None:
         self.write_log = write_log
         self.snapshots = snapshots
+        self.settings = settings
         self.me = lease.me
         self.on_lost: Callable[[], None] = lambda: None
         self._nats = nats
@@ -66,8 +70,8 @@ class ClusterNode:
         replicas: int = 3,
         lease_seconds: float = 3.0,
     ) -> ClusterNode:
-        """Connect to the NATS servers, with the write stream, the snapshot bucket and the
-        lease bucket made if they do not exist yet; ``workdir`` holds a snapshot's file
+        """Connect to the NATS servers, with the write stream, the snapshot, settings and
+        lease buckets made if they do not exist yet; ``workdir`` holds a snapshot's file
         while it is written or read.
 
         Raises:
@@ -78,11 +82,12 @@ class ClusterNode:
         try:
             write_log = JetStreamLog.open(nats, replicas=replicas)
             snapshots = Snapshots.open(nats, workdir, replicas=replicas)
+            settings = SharedSettings.open(nats, replicas=replicas)
             lease = Lease.open(nats, me, lease_seconds=lease_seconds, replicas=replicas)
         except Exception:
             nats.close()
             raise
-        return cls(nats, write_log, snapshots, lease, lease_seconds)
+        return cls(nats, write_log, snapshots, settings, lease, lease_seconds)
 
     def start(self) -> None:
         """Begin watching the lease (and taking it when it is free)."""
