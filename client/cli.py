@@ -177,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
         "lease_seconds": args.lease_seconds,
         "advertise": args.advertise,
         "snapshot_entries": args.snapshot_entries,
+        "peer_ca": args.peer_ca,
         **limit_settings(args),
     }
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -496,6 +497,13 @@ def _parser() -> argparse.ArgumentParser:
         "--advertise",
         metavar="HOST:PORT",
         help="where other cluster nodes reach this one (default: --host and the bound port)",
+    )
+    serve.add_argument(
+        "--peer-ca",
+        type=Path,
+        metavar="FILE",
+        help="cluster mode with TLS: the CA certificates that signed the other nodes' "
+        "certificates (default: --tls-client-ca)",
     )
     serve.add_argument(
         "--snapshot-entries",

@@ -46,7 +46,7 @@ from calor.server.metrics import Metrics, ServerCounts
 from calor.server.storage.purge import Purger
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.policy import ChannelPolicy
-from calor.server.tls import server_credentials
+from calor.server.tls import peer_credentials, server_credentials
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.trigger_service import TriggerServicer
 from calor.triggers.webhook import WebhookPolicy
@@ -102,7 +102,15 @@ class CalorServer:
         self._store: MemoryStore | None = None
         self._cluster: ClusterNode | None = None
         self._following_keys: asyncio.Task[None] | None = None
-        self._forwarding = ForwardingInterceptor(self._forward_to, self.config.node_id)
+        config = self.config
+        peers = (
+            peer_credentials(
+                config.tls_cert, config.tls_key, config.peer_ca or config.tls_client_ca
+            )
+            if config.cluster
+            else None
+        )
+        self._forwarding = ForwardingInterceptor(self._forward_to, config.node_id, peers)
         self._purger: Purger | None = None
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None

@@ -102,6 +102,9 @@ class ServerConfig:
             before another node takes the store over.
         advertise: The ``host:port`` other nodes forward calls to; empty: ``host`` and
             the bound port.
+        peer_ca: PEM certificates of the CAs that sign the other nodes' certificates
+            (cluster mode with TLS: a node forwards to another over TLS, trusting
+            these, ``tls_client_ca`` if None, and presenting its own certificate).
         snapshot_entries: Write-log entries between two snapshots of the store; the
             log keeps those since the snapshot before the last one.
     """
@@ -138,4 +141,5 @@ class ServerConfig:
     log_replicas: int = 3
     lease_seconds: float = 3.0
     advertise: str = ""
+    peer_ca: Path | None = None
     snapshot_entries: int = 10_000

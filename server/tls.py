@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["TlsSetupError", "server_credentials"]
+__all__ = ["TlsSetupError", "peer_credentials", "server_credentials"]
 
 
 class TlsSetupError(OSError):
@@ -48,6 +48,26 @@ def server_credentials(
         [(key_pem, cert_pem)],
         root_certificates=ca_pem,
         require_client_auth=ca_pem is not None,
+    )
+
+
+def peer_credentials(
+    cert: Path | None, key: Path | None, peer_ca: Path | None
+) -> grpc.ChannelCredentials | None:
+    """How a node that serves TLS reaches the other nodes of its cluster (None: it serves
+    plaintext, and so do they): over TLS, trusting ``peer_ca`` (the system's CAs if None)
+    and presenting its own certificate, so that nodes requiring client certificates
+    accept it (it must then be valid for client authentication too).
+
+    Raises:
+        TlsSetupError: A file cannot be read.
+    """
+    if cert is None or key is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=None if peer_ca is None else _read_pem("--peer-ca", peer_ca),
+        private_key=_read_pem("--tls-key", key),
+        certificate_chain=_read_pem("--tls-cert", cert),
     )
 
 

@@ -24,9 +24,15 @@ from calor.server.cluster.local import free_port
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def health(target: str, timeout: float = 5.0) -> int:
+def health(
+    target: str, timeout: float = 5.0, credentials: grpc.ChannelCredentials | None = None
+) -> int:
     """What the server's health service says about the whole server."""
-    with grpc.insecure_channel(target) as channel:
+    with (
+        grpc.insecure_channel(target)
+        if credentials is None
+        else grpc.secure_channel(target, credentials)
+    ) as channel:
         request = health_pb2.HealthCheckRequest(service="")
         return int(health_pb2_grpc.HealthStub(channel).Check(request, timeout=timeout).status)
 
@@ -38,6 +44,8 @@ class CalorProcess:
         self.data_dir = data_dir
         self.log_path = log_path
         self.args = args
+        self.credentials: grpc.ChannelCredentials | None = None
+        """How to reach it when it serves TLS (plaintext: None)."""
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self._drain: threading.Thread | None = None
@@ -73,7 +81,7 @@ class CalorProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"the server exited while starting:\n{self.log_tail()}")
             try:
-                if health(self.target, timeout=1.0) == SERVING:
+                if health(self.target, 1.0, self.credentials) == SERVING:
                     return time.monotonic() - started
             except grpc.RpcError:
                 pass

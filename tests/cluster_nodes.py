@@ -43,7 +43,14 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServers]:
 class Node:
     """One ``calor serve --cluster`` process and a stub on it."""
 
-    def __init__(self, nats: NatsServers, data_dir: Path, name: str, *options: str) -> None:
+    def __init__(
+        self,
+        nats: NatsServers,
+        data_dir: Path,
+        name: str,
+        *options: str,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.process = CalorProcess(
             data_dir,
             data_dir.parent / f"{name}.log",
@@ -53,11 +60,17 @@ class Node:
             name,
             *options,
         )
+        self.process.credentials = credentials
         self._channel: grpc.Channel | None = None
 
     def __enter__(self) -> Node:
         self.process.start()  # SERVING: it answers, or forwards to the owner
-        self._channel = grpc.insecure_channel(self.process.target)
+        target, credentials = self.process.target, self.process.credentials
+        self._channel = (
+            grpc.insecure_channel(target)
+            if credentials is None
+            else grpc.secure_channel(target, credentials)
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,9 @@ from calor.server.cluster.local import NatsServers as NatsCluster
 from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
+from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from tests.cluster_nodes import CHANNEL, TIMEOUT, Node, nats_cluster, owner_and_other
+from tests.tls_certs import make_tls_files
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +106,34 @@ def test_a_call_to_a_node_that_does_not_own_the_store_is_forwarded_to_the_owner(
         with pytest.raises(grpc.RpcError) as refused:  # the owner's own answer, relayed
             other.stub.Store(bad, timeout=TIMEOUT)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_nodes_that_serve_mutual_tls_forward_to_each_other_over_it(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "tls").mkdir()
+    tls = make_tls_files(tmp_path / "tls")
+    options = ("--tls-cert", str(tls.node_cert), "--tls-key", str(tls.node_key))
+    options += ("--tls-client-ca", str(tls.ca))  # every caller shows a certificate
+    client = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes(),
+        private_key=tls.client_key.read_bytes(),
+        certificate_chain=tls.client_cert.read_bytes(),
+    )
+    with Node(nats, tmp_path / "a", "a", *options, credentials=client) as owner:
+        owner.answering()
+        with Node(nats, tmp_path / "b", "b", *options, credentials=client) as other:
+            stored, call = other.stub.Store.with_call(
+                pb.StoreRequest(channel=CHANNEL, text=FACTS[2]), timeout=TIMEOUT
+            )
+            trailing = dict(call.trailing_metadata() or ())
+            assert trailing.get("calor-owner") == owner.process.target
+            assert stored.memory.id in owner.texts()
+            with grpc.insecure_channel(other.process.target) as plain:  # still TLS only
+                request = pb.ListMemoriesRequest(channel=CHANNEL, page_size=1)
+                with pytest.raises(grpc.RpcError) as refused:
+                    MemoryServiceStub(plain).ListMemories(request, timeout=5.0)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_an_owner_that_lost_its_lease_unknowing_cannot_write_and_stops(

@@ -26,6 +26,9 @@ class TlsFiles:
     client_cert: Path
     client_key: Path
     other_ca: Path
+    node_cert: Path
+    """A cluster node's: valid for serving (localhost, 127.0.0.1) and as a client."""
+    node_key: Path
 
 
 def make_tls_files(folder: Path) -> TlsFiles:
@@ -33,6 +36,7 @@ def make_tls_files(folder: Path) -> TlsFiles:
     ca_key, ca_cert = _authority("Calor test CA")
     server_key, server_cert = _leaf(ca_key, ca_cert, "calor test server", server=True)
     client_key, client_cert = _leaf(ca_key, ca_cert, "calor test client", server=False)
+    node_key, node_cert = _leaf(ca_key, ca_cert, "calor test node", server=True, client=True)
     _, other_cert = _authority("Some other CA")
     files = TlsFiles(
         ca=folder / "ca.pem",
@@ -41,6 +45,8 @@ def make_tls_files(folder: Path) -> TlsFiles:
         client_cert=folder / "client.pem",
         client_key=folder / "client.key",
         other_ca=folder / "other-ca.pem",
+        node_cert=folder / "node.pem",
+        node_key=folder / "node.key",
     )
     files.ca.write_bytes(_cert_pem(ca_cert))
     files.server_cert.write_bytes(_cert_pem(server_cert))
@@ -48,6 +54,8 @@ def make_tls_files(folder: Path) -> TlsFiles:
     files.client_cert.write_bytes(_cert_pem(client_cert))
     files.client_key.write_bytes(_key_pem(client_key))
     files.other_ca.write_bytes(_cert_pem(other_cert))
+    files.node_cert.write_bytes(_cert_pem(node_cert))
+    files.node_key.write_bytes(_key_pem(node_key))
     return files
 
 
@@ -91,14 +99,21 @@ def _authority(common_name: str) -> tuple[_Key, x509.Certificate]:
 
 
 def _leaf(
-    ca_key: _Key, ca_cert: x509.Certificate, common_name: str, *, server: bool
+    ca_key: _Key,
+    ca_cert: x509.Certificate,
+    common_name: str,
+    *,
+    server: bool,
+    client: bool = False,
 ) -> tuple[_Key, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
-    purpose = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    purposes = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    if client or not server:
+        purposes.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     builder = (
         _builder(common_name, ca_cert.subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([purpose]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(purposes), critical=False)
     )
     if server:
         names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]

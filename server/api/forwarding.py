@@ -37,11 +37,18 @@ def _serialize(message: Any) -> bytes:
 
 
 class ForwardingInterceptor(grpc.aio.ServerInterceptor):
-    """Forwards a call to ``owner()`` when it names another node (None: answer here)."""
+    """Forwards a call to ``owner()`` when it names another node (None: answer here),
+    over TLS with ``credentials`` (plaintext without)."""
 
-    def __init__(self, owner: Callable[[], str | None], node_id: str) -> None:
+    def __init__(
+        self,
+        owner: Callable[[], str | None],
+        node_id: str,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self._owner = owner
         self._node_id = node_id
+        self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def intercept_service(
@@ -123,7 +130,11 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
     ) -> Any:
         channel = self._channels.get(target)
         if channel is None:
-            channel = self._channels[target] = grpc.aio.insecure_channel(target)
+            channel = self._channels[target] = (
+                grpc.aio.insecure_channel(target)
+                if self._credentials is None
+                else grpc.aio.secure_channel(target, self._credentials)
+            )
         metadata = [
             (key, value)
             for key, value in context.invocation_metadata() or ()
