@@ -176,6 +176,8 @@ def render(report: Json) -> str:
             f"{kills['duplicated']}; subscriber: events missed {kills['events_missed']}, "
             f"repeated {kills['events_repeated']}, out of order "
             f"{kills['events_out_of_order']}, resubscribed {kills['resubscriptions']} times; "
+            f"triggers: firings missed {kills['firings_missed']}, repeated "
+            f"{kills['firings_repeated']}; "
             f"calls failed during recoveries {kills['calls_failed']}; every channel answering "
             f"again: median {recovery['median']} s, max {recovery['max']} s, "
             f"{recovery['within_10_s']} of {kills['kills']} within 10 s",

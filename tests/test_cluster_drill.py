@@ -55,6 +55,7 @@ def check(report: Report, kills: int) -> None:
     assert report.resubscriptions >= owner_deaths, "the subscriber followed across deaths"
 
 
+@pytest.mark.timeout(600)
 def test_killing_the_owner_a_nats_server_and_both_under_load_loses_nothing(
     tmp_path: Path,
 ) -> None:
@@ -63,6 +64,7 @@ def test_killing_the_owner_a_nats_server_and_both_under_load_loses_nothing(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3600)
 def test_kill_rounds_of_every_kind_under_load_lose_nothing_soak(tmp_path: Path) -> None:
     rounds = int(os.environ.get("SOAK_ROUNDS", "20"))
     check(drill(tmp_path, [KINDS[n % len(KINDS)] for n in range(rounds)]), rounds)

@@ -234,7 +234,9 @@ class ClusterNode:
         store = self._store
         if store is None or not self._lease.acquire():
             return False
-        if self.write_log.bounds()[1] != store.log_position:
+        with store.commits_held():  # an append of this node's in flight lands first
+            written_elsewhere = self.write_log.bounds()[1] != store.log_position
+        if written_elsewhere:
             self._lease.release()
             return False
         log.warning(

@@ -30,6 +30,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -312,6 +313,14 @@ class MemoryStore:
                 self._log = log
                 return applied
         raise LogBehindError("another writer kept appending to the write log; not taken over")
+
+    @contextmanager
+    def commits_held(self) -> Iterator[None]:
+        """Commits wait while the caller is inside (one being written finishes first):
+        :attr:`log_position` holds still, every append of this store answered."""
+        self._check_open()
+        with self._commit_lock:
+            yield
 
     def frozen(self) -> tuple[int, Iterator[tuple[bytes, bytes]]]:
         """Every key and its value as of now, with the write-log position they reflect
