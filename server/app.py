@@ -42,7 +42,7 @@ from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import CalorError, FailedPreconditionError, UnavailableError
 from calor.server.heap import settle
 from calor.server.logs import configure_logging
-from calor.server.metrics import Metrics, ServerCounts
+from calor.server.metrics import ClusterCounts, Metrics, ServerCounts
 from calor.server.storage.purge import Purger
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.policy import ChannelPolicy
@@ -311,6 +311,7 @@ class CalorServer:
         node = await loop.run_in_executor(None, join)
         self._cluster = node
         node.on_lost = _stop_this_process  # a node that lost the store stops; restart it
+        self.metrics.watch_cluster(lambda: ClusterCounts(node.owning, store.log_position))
         await self._share_keys(node)
         node.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

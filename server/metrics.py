@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics", "ServerCounts", "data_bytes", "rss_bytes"]
+__all__ = ["ClusterCounts", "Metrics", "ServerCounts", "data_bytes", "rss_bytes"]
 
 # The buckets gen_ai.client.operation.duration SHOULD have, below them a few for the
 # milliseconds most memory operations take.
@@ -77,6 +77,41 @@ class ServerCounts:
     subscribers: int = 0
     dropped_subscribers: int = 0
     data_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterCounts:
+    """A cluster node's place in its cluster (cluster mode).
+
+    Attributes:
+        owner: Whether this node owns the store (writes the log) or forwards to the one
+            that does.
+        log_position: The last write-log entry this node's store holds.
+    """
+
+    owner: bool
+    log_position: int
+
+
+class _ClusterCollector(Collector):
+    """Reads :class:`ClusterCounts` at each scrape."""
+
+    def __init__(self, counts: Callable[[], ClusterCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._counts()
+        yield GaugeMetricFamily(
+            "calor_cluster_owner",
+            "1 while this node owns the store and writes the log; 0 while it forwards.",
+            value=int(counts.owner),
+        )
+        yield GaugeMetricFamily(
+            "calor_cluster_log_position",
+            "The last write-log entry this node's store holds (behind the owner's: the "
+            "entries it has still to follow).",
+            value=counts.log_position,
+        )
 
 
 class _CountsCollector(Collector):
@@ -205,6 +240,10 @@ class Metrics:
         """Report what ``counts`` answers at every scrape (memories, channels, events,
         subscribers, disk)."""
         self.registry.register(_CountsCollector(counts))
+
+    def watch_cluster(self, counts: Callable[[], ClusterCounts]) -> None:
+        """Report this node's place in its cluster at every scrape (cluster mode)."""
+        self.registry.register(_ClusterCollector(counts))
 
     # --- the endpoint -----------------------------------------------------------------
 

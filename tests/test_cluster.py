@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import rocksdict
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.local import NatsServers as NatsCluster
+from calor.server.cluster.local import free_port
 from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
@@ -134,6 +136,31 @@ def test_nodes_that_serve_mutual_tls_forward_to_each_other_over_it(
                 with pytest.raises(grpc.RpcError) as refused:
                     MemoryServiceStub(plain).ListMemories(request, timeout=5.0)
                 assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def cluster_gauges(port: int) -> dict[str, float]:
+    """The ``calor_cluster_*`` gauges a node's metrics endpoint serves now."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        lines = answer.read().decode().splitlines()
+    pairs = (line.split() for line in lines if line.startswith("calor_cluster_"))
+    return {name: float(value) for name, value in pairs}
+
+
+def test_a_node_tells_its_metrics_whether_it_owns_the_store_and_how_far_it_follows(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    ports = [free_port(), free_port()]
+    with Node(nats, tmp_path / "a", "a", "--metrics-port", str(ports[0])) as owner:
+        owner.answering()
+        with Node(nats, tmp_path / "b", "b", "--metrics-port", str(ports[1])) as other:
+            other.store("Written through the node that forwards, followed by it.")
+            owning, following = cluster_gauges(ports[0]), cluster_gauges(ports[1])
+            assert (owning["calor_cluster_owner"], following["calor_cluster_owner"]) == (1, 0)
+            end = owning["calor_cluster_log_position"]
+            give_up = time.monotonic() + 10
+            while cluster_gauges(ports[1])["calor_cluster_log_position"] < end:
+                assert time.monotonic() < give_up, "the other node did not follow the log"
+                time.sleep(0.1)
 
 
 def test_an_owner_that_lost_its_lease_unknowing_cannot_write_and_stops(

@@ -192,6 +192,11 @@ class ClusterNode:
             except Exception:
                 log.warning("node %s: a snapshot failed", self.me.node_id, exc_info=True)
 
+    @property
+    def owning(self) -> bool:
+        """Whether this node owns the store now."""
+        return self._owning.is_set()
+
     def forward_to(self) -> str | None:
         """The owner's address while another node owns the store; None when this one does
         or no owner is known (the call is answered here)."""
