@@ -195,6 +195,8 @@ def test_a_subscriber_that_resumes_on_another_node_after_the_owner_died_misses_n
         stream.cancel()
         first.process.kill()
         second.answering()
+        # Its port refused connections: the lease was broken, not waited out.
+        assert "refuses connections: its lease broken" in second.process.log_tail(500)
         ids += [second.store(text, events) for text in FACTS[2:]]
         resumed = second.subscribe(events, after_seq=seen[0].seq)
         seen += [next(resumed).event for _ in range(3)]

@@ -5,6 +5,7 @@ store."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ __all__ = ["ClusterNode"]
 log = logging.getLogger(__name__)
 
 _SNAPSHOT_CHECK_SECONDS = 1.0
+_PROBE_SECONDS = 0.25
 _RETRY_SECONDS = 0.1
 _GRACE_SECONDS = 3 * _RETRY_SECONDS
 """How long a node that found the lease free waits before taking it: an owner whose
@@ -59,6 +61,7 @@ class ClusterNode:
         self._using_store = threading.Lock()  # held while the log is applied to the store
         self._store: MemoryStore | None = None  # once this node writes it
         self._losing = threading.Lock()
+        self._refused: Owner | None = None  # an owner whose address refused a connection
 
     @classmethod
     def join(
@@ -217,6 +220,13 @@ class ClusterNode:
                         return
                 else:
                     owner = self._lease.owner()
+                    if owner is not None and self._gone(owner) and self._lease.break_():
+                        log.warning(
+                            "node %s: the owner %s refuses connections: its lease broken",
+                            self.me.node_id,
+                            owner.node_id,
+                        )
+                        owner = None
                     if owner is None and self._stopping.wait(_GRACE_SECONDS):
                         break
                     if owner is None and self._lease.owner() is None and self._lease.acquire():
@@ -231,6 +241,18 @@ class ClusterNode:
                 )
                 pause = _RETRY_SECONDS  # back first when NATS is: the lease is ours to regain
             self._stopping.wait(pause)
+
+    def _gone(self, owner: Owner) -> bool:
+        """Whether the owner's process is gone: its address refused a connection twice,
+        one look apart (a port nothing listens on; a node that hangs or cannot be
+        reached is not taken for gone, its lease lapses instead)."""
+        if owner == self.me or not _refuses(owner.address):
+            self._refused = None
+            return False
+        if self._refused != owner:
+            self._refused = owner  # once: look again next time
+            return False
+        return True
 
     def _regain(self) -> bool:
         """After a renewal failed: take the lease again if it lapsed only because NATS
@@ -299,3 +321,15 @@ class _Fenced:
 
     def entries_after(self, position: int) -> Iterator[tuple[int, bytes]]:
         return self._log.entries_after(position)
+
+
+def _refuses(address: str) -> bool:
+    """Whether ``host:port`` refuses a TCP connection (nothing listens there)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_SECONDS):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):  # a timeout, no route: not known to be gone
+        return False

@@ -59,6 +59,7 @@ class Lease:
         self._bucket = bucket
         self.me = me
         self._revision = 0  # of our entry while we hold the lease; 0 while we do not
+        self._seen = 0  # the revision of the owner's entry last read
 
     @classmethod
     def open(cls, nats: NatsConnection, me: Owner, *, lease_seconds: float, replicas: int) -> Lease:
@@ -92,9 +93,23 @@ class Lease:
                 entry = await self._bucket.get(_KEY)
             except (KeyNotFoundError, KeyDeletedError):
                 return None
+            self._seen = int(entry.revision or 0)
             return Owner.from_bytes(entry.value) if entry.value else None
 
         return self._nats.persist(read, "read the store's owner")
+
+    def break_(self) -> bool:
+        """Delete the owner's entry as :meth:`owner` last read it, before it lapses (its
+        node is known to be gone); not if it was written since. Whether it was deleted."""
+
+        async def delete() -> bool:
+            try:
+                await self._bucket.delete(_KEY, last=self._seen)
+            except KeyWrongLastSequenceError:
+                return False  # renewed, or taken by another node, since it was read
+            return True
+
+        return bool(self._seen) and self._nats.persist(delete, "break a dead owner's lease")
 
     def acquire(self) -> bool:
         """Take the lease if it is free; whether this node holds it now."""
