@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from calor.models.embedder import Embedder
 from calor.server.api import auth_file
 from calor.server.api.access import AccessControl, loopback
+from calor.server.api.cluster_keys import ClusterKeys
 from calor.server.api.decoding import DecodingInterceptor
 from calor.server.api.forwarding import ForwardingInterceptor
 from calor.server.api.limits import LimitsInterceptor
@@ -68,7 +69,6 @@ __all__ = ["CalorServer", "serve"]
 log = logging.getLogger("calor.server")
 
 _GIL_SWITCH_SECONDS = 0.001
-_FOLLOW_KEYS_SECONDS = 1.0
 
 _SERVICE_NAMES = (
     memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
@@ -101,7 +101,7 @@ class CalorServer:
         self._health = health.aio.HealthServicer()
         self._store: MemoryStore | None = None
         self._cluster: ClusterNode | None = None
-        self._following_keys: asyncio.Task[None] | None = None
+        self._cluster_keys: ClusterKeys | None = None
         config = self.config
         peers = (
             peer_credentials(
@@ -234,9 +234,8 @@ class CalorServer:
         try:
             content = await loop.run_in_executor(None, auth_file.read, path)
             keys = auth_file.parse(content, f"auth file {path}")
-            if self._cluster is not None:
-                settings = self._cluster.settings
-                await loop.run_in_executor(None, settings.publish_auth, content)
+            if self._cluster_keys is not None:
+                await self._cluster_keys.publish(content)
                 log.info("access control: published %d API keys from %s", len(keys.keys), path)
                 return True  # every node, this one too, serves them once it reads them
         except CalorError as error:
@@ -245,48 +244,6 @@ class CalorServer:
         self._access.reload(keys)
         log.info("access control: reloaded %d API keys from %s", len(keys.keys), path)
         return True
-
-    async def _share_keys(self, node: ClusterNode) -> None:
-        """Cluster mode: serve the cluster's API keys (its shared settings), read again
-        every second; a node started with ``--auth-file`` publishes its file when the
-        cluster has none yet."""
-        loop = asyncio.get_running_loop()
-        path = self.config.auth_file
-        found = await loop.run_in_executor(None, node.settings.auth)
-        if found is None and path is not None:
-            content = await loop.run_in_executor(None, auth_file.read, path)
-            auth_file.parse(content, f"auth file {path}")  # checked at start already
-            found = await loop.run_in_executor(None, node.settings.publish_auth, content), content
-        serving = self._serve_keys(found, 0)  # before the node answers its first call
-        self._following_keys = asyncio.create_task(
-            self._follow_keys(node, serving), name="calor-keys"
-        )
-
-    async def _follow_keys(self, node: ClusterNode, serving: int) -> None:
-        """Serve each newer revision of the cluster's API keys."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(_FOLLOW_KEYS_SECONDS)
-            try:
-                found = await loop.run_in_executor(None, node.settings.auth)
-            except CalorError as error:
-                log.warning("the cluster's API keys could not be read: %s", error.message)
-                continue
-            serving = self._serve_keys(found, serving)
-
-    def _serve_keys(self, found: tuple[int, bytes] | None, serving: int) -> int:
-        """Serve the cluster's keys ``found`` unless they are the revision ``serving``;
-        the revision served now."""
-        if found is None or found[0] == serving:
-            return serving
-        try:
-            keys = auth_file.parse(found[1], "the cluster's API keys")
-        except CalorError as error:
-            log.error("the keys in force stay: %s", error.message)
-        else:
-            self._access.reload(keys)
-            log.info("access control: %d API keys of the cluster", len(keys.keys))
-        return found[0]
 
     async def _own_the_store(self, store: MemoryStore) -> bool:
         """Cluster mode: join the cluster and forward calls to the store's owner until
@@ -312,7 +269,9 @@ class CalorServer:
         self._cluster = node
         node.on_lost = _stop_this_process  # a node that lost the store stops; restart it
         self.metrics.watch_cluster(lambda: ClusterCounts(node.owning, store.log_position))
-        await self._share_keys(node)
+        keys = ClusterKeys(self._access, node.settings.auth, node.settings.publish_auth)
+        await keys.start(config.auth_file)
+        self._cluster_keys = keys
         node.start()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("cluster node %s (%s): forwarding to the store's owner", me.node_id, me.address)
@@ -457,8 +416,8 @@ class CalorServer:
             await self._embeddings.close()
         self.runtime.executor.shutdown(wait=True)
         self.metrics.close()
-        if self._following_keys is not None:
-            self._following_keys.cancel()
+        if self._cluster_keys is not None:
+            self._cluster_keys.close()
         if self._cluster is not None:
             self._cluster.close()  # calls are drained: give the lease up, stop following
         await self._forwarding.close()
