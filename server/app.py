@@ -253,6 +253,12 @@ class CalorServer:
         from calor.server.cluster.placement import Owner
 
         config, loop = self.config, asyncio.get_running_loop()
+        if store.log_position == 0 and await loop.run_in_executor(None, _holds_channels, store):
+            raise FailedPreconditionError(
+                f"{config.data_dir} holds memories that are not in the cluster's write log "
+                "(a store of the embedded server): start the node on an empty --data-dir, "
+                "and bring them in with `calor export` and `calor import` through the cluster"
+            )
         me = Owner(
             config.node_id or f"{socket.gethostname()}:{self.port}",
             config.advertise or f"{config.host}:{self.port}",
@@ -425,6 +431,11 @@ class CalorServer:
             self._purger.close()  # what is still pending is purged at the next start
         if self._store is not None:
             self._store.close()
+
+
+def _holds_channels(store: MemoryStore) -> bool:
+    """Whether any channel holds anything in ``store``."""
+    return bool(store.channel_names())
 
 
 def _stop_this_process() -> None:

@@ -26,6 +26,7 @@ from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
+from tests.calor_process import CalorProcess
 from tests.cluster_nodes import CHANNEL, TIMEOUT, Node, nats_cluster, owner_and_other
 from tests.tls_certs import make_tls_files
 
@@ -236,6 +237,25 @@ def test_nodes_behind_a_log_trimmed_after_snapshots_start_from_the_newest_snapsh
             empty.answering()
             assert set(ids) <= set(empty.texts())
             assert "loaded the snapshot" in empty.process.log_tail(1000)
+
+
+def test_a_node_refuses_to_join_on_a_store_of_the_embedded_server(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    data = tmp_path / "embedded"
+    embedded = CalorProcess(data, tmp_path / "embedded.log")
+    embedded.start()
+    with grpc.insecure_channel(embedded.target) as channel:
+        request = pb.StoreRequest(channel=CHANNEL, text="Known only to the embedded store.")
+        MemoryServiceStub(channel).Store(request, timeout=TIMEOUT)
+    assert embedded.stop() == 0
+    joining = CalorProcess(
+        data, tmp_path / "joining.log", "--cluster", ",".join(nats.urls), "--node-id", "late"
+    )
+    with pytest.raises(AssertionError, match="exited while starting"):
+        joining.start()
+    assert joining.wait() == 1
+    assert "holds memories that are not in the cluster's write log" in joining.log_tail()
 
 
 def test_writes_go_on_with_one_nats_server_killed(nats: NatsCluster, tmp_path: Path) -> None:
