@@ -41,7 +41,7 @@ from _server import Server
 from corpus import build_corpus
 from throughput import machine_info, recall_times, store_times, summarize, write_results
 
-from calor.server.cluster.drill import Drill
+from calor.server.cluster.drill import Drill, owns_the_store
 from calor.server.cluster.local import LocalCluster
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import memory_service_pb2_grpc as pb_grpc
@@ -85,11 +85,9 @@ def owner(stubs: Sequence[pb_grpc.MemoryServiceStub], within: float = 120.0) -> 
     give_up = time.monotonic() + within
     while True:
         try:
-            for number, stub in enumerate(stubs):
-                request = pb.ListMemoriesRequest(channel=CHANNEL, page_size=1)
-                _, call = stub.ListMemories.with_call(request, timeout=CALL_TIMEOUT_S)
-                if not any(key == "calor-owner" for key, _ in call.trailing_metadata() or ()):
-                    return number
+            answers = [owns_the_store(stub) for stub in stubs]  # every node answers
+            if True in answers:
+                return answers.index(True)
         except grpc.RpcError:  # a node still joining, or no owner yet
             if time.monotonic() > give_up:
                 raise

@@ -41,6 +41,8 @@ def drill(tmp_path: Path, kinds: Sequence[str]) -> Report:
 
 
 def check(report: Report, kills: int) -> None:
+    summary = {k: v for k, v in report.as_json().items() if k != "rounds"}
+    print(f"drill: {summary}")  # shown with the rounds when a check fails
     assert len(report.rounds) == kills
     assert report.writes_acknowledged > 0 and report.recalls_answered > 0
     assert (report.lost, report.duplicated) == (0, 0)

@@ -14,7 +14,10 @@ import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError
+from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KeyValue
 
 from calor.server.errors import CalorError, UnavailableError
 
@@ -129,6 +132,18 @@ class NatsConnection:
                 log.warning("nats: could not %s (%s); trying again", what, error)
             time.sleep(pause)
             pause = min(pause * 2, _MOST_PAUSE_SECONDS)
+
+    def key_value(self, config: KeyValueConfig, what: str) -> KeyValue:
+        """The key-value bucket ``config.bucket``, made with ``config`` if it does not
+        exist yet (waiting up to :data:`JOIN_SECONDS` for JetStream)."""
+
+        async def bucket() -> KeyValue:
+            try:
+                return await self.js.key_value(config.bucket)
+            except BucketNotFoundError:
+                return await self.js.create_key_value(config)
+
+        return self.persist(bucket, f"open the {what} bucket", JOIN_SECONDS)
 
     def close(self) -> None:
         """Drain and close the connection, and stop its loop."""

@@ -29,13 +29,14 @@ from typing import Any
 
 import grpc
 
+from calor.server.api.forwarding import OWNER
 from calor.server.cluster.local import LocalCluster, wait_for_port
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 
-__all__ = ["CHANNELS", "KINDS", "Drill", "Report"]
+__all__ = ["CHANNELS", "KINDS", "Drill", "Report", "owns_the_store"]
 
 CHANNELS = ("drill-a", "drill-b", "drill-c", "drill-d")
 KINDS = ("node", "owner", "nats", "both", "owner+nats")
@@ -46,6 +47,18 @@ _CALL_SECONDS = 10.0
 _ANSWER_SECONDS = 120.0
 _STORED, _NOTIFIED = tpb.EVENT_KIND_ON_STORE, tpb.EVENT_KIND_NOTIFY
 _WORDS = ["deploy", "coffee", "invoice", "rotation", "backup", "holiday", "budget", "review"]
+
+
+def owns_the_store(stub: MemoryServiceStub) -> bool:
+    """Whether the node behind ``stub`` answers a call itself: its answer names no other
+    node as the owner (``calor-owner``).
+
+    Raises:
+        grpc.RpcError: The node did not answer (starting, or no owner yet).
+    """
+    request = pb.ListMemoriesRequest(channel=CHANNELS[0], page_size=1)
+    _, call = stub.ListMemories.with_call(request, timeout=5.0)
+    return not any(key == OWNER for key, _ in call.trailing_metadata() or ())
 
 
 class _Nodes:
@@ -63,13 +76,11 @@ class _Nodes:
     def owner(self) -> int | None:
         """The node whose answers name no other owner (None while there is none)."""
         for number in self.cluster.live():
-            request = pb.ListMemoriesRequest(channel=CHANNELS[0], page_size=1)
             try:
-                _, call = self.memory[number].ListMemories.with_call(request, timeout=5.0)
+                if owns_the_store(self.memory[number]):
+                    return number
             except grpc.RpcError:
                 continue  # starting, or forwarding to an owner that is
-            if not any(key == "calor-owner" for key, _ in call.trailing_metadata() or ()):
-                return number
         return None
 
     def close(self) -> None:

@@ -124,9 +124,7 @@ class JetStreamLog:
     def trim(self, through: int) -> None:
         """Drop the entries before position ``through`` (a snapshot holds them); the
         entry at ``through`` stays, the last one a writer's fence can name."""
-        self._nats.persist(
-            lambda: self._js.purge_stream(STREAM, seq=through), "trim the write log"
-        )
+        self._nats.persist(lambda: self._js.purge_stream(STREAM, seq=through), "trim the write log")
 
     async def _chunk(self, start: int) -> list[tuple[int, bytes]]:
         """The entries from position ``start`` on, as many as one fetch brings."""

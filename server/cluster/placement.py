@@ -18,14 +18,13 @@ from dataclasses import dataclass
 
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
-    BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
 
-from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
+from calor.server.cluster.connection import NatsConnection
 
 __all__ = ["BUCKET", "Lease", "Owner"]
 
@@ -64,21 +63,14 @@ class Lease:
     @classmethod
     def open(cls, nats: NatsConnection, me: Owner, *, lease_seconds: float, replicas: int) -> Lease:
         """The lease bucket on ``nats`` (made if missing), for node ``me``."""
-
-        async def bucket() -> KeyValue:
-            try:
-                return await nats.js.key_value(BUCKET)
-            except BucketNotFoundError:
-                config = KeyValueConfig(
-                    bucket=BUCKET,
-                    history=1,
-                    ttl=lease_seconds,
-                    replicas=replicas,
-                    storage=StorageType.FILE,
-                )
-                return await nats.js.create_key_value(config)
-
-        return cls(nats, nats.persist(bucket, "open the placement bucket", JOIN_SECONDS), me)
+        config = KeyValueConfig(
+            bucket=BUCKET,
+            history=1,
+            ttl=lease_seconds,
+            replicas=replicas,
+            storage=StorageType.FILE,
+        )
+        return cls(nats, nats.key_value(config, "placement"), me)
 
     @property
     def held(self) -> bool:

@@ -7,10 +7,10 @@ A channel's own settings are not here: they are part of the store, in the write 
 from __future__ import annotations
 
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
+from calor.server.cluster.connection import NatsConnection
 
 __all__ = ["BUCKET", "SharedSettings"]
 
@@ -28,17 +28,10 @@ class SharedSettings:
     @classmethod
     def open(cls, nats: NatsConnection, *, replicas: int) -> SharedSettings:
         """The settings bucket on ``nats``, made if missing."""
-
-        async def bucket() -> KeyValue:
-            try:
-                return await nats.js.key_value(BUCKET)
-            except BucketNotFoundError:
-                config = KeyValueConfig(
-                    bucket=BUCKET, history=1, replicas=replicas, storage=StorageType.FILE
-                )
-                return await nats.js.create_key_value(config)
-
-        return cls(nats, nats.persist(bucket, "open the settings bucket", JOIN_SECONDS))
+        config = KeyValueConfig(
+            bucket=BUCKET, history=1, replicas=replicas, storage=StorageType.FILE
+        )
+        return cls(nats, nats.key_value(config, "settings"))
 
     def auth(self) -> tuple[int, bytes] | None:
         """The API keys in force (an auth file's content) and their revision; None while

@@ -130,6 +130,12 @@ class MemoryStore:
         self.log_position = int(kept) if kept is not None else 0
         """The last write-log entry this store holds (cluster mode; 0 otherwise)."""
 
+    def _reload_derived(self) -> None:
+        """Read again what the store keeps in memory of its keys, after keys were written
+        other than by :meth:`write` (the write log's entries, a snapshot)."""
+        self.last_seq = self._find_last_seq()
+        self._purging = _ranges_from(self._db.get(Keys.PURGE))
+
     def _find_last_seq(self) -> int:
         """The last event number given: numbers go on even after retention emptied the log."""
         kept = self._db.get(Keys.LAST_SEQ)
@@ -286,8 +292,7 @@ class MemoryStore:
             self.log_position = position
             applied += 1
         if applied:
-            self.last_seq = self._find_last_seq()
-            self._purging = _ranges_from(self._db.get(Keys.PURGE))
+            self._reload_derived()
         return applied
 
     def take_over(self, log: WriteLog, attempts: int = 20) -> int:
@@ -356,8 +361,7 @@ class MemoryStore:
                 self._db.write(batch, self._write_options)
             self._db.put(Keys.LOG_POSITION, str(position).encode(), self._write_options)
             self.log_position = position
-            self.last_seq = self._find_last_seq()
-            self._purging = _ranges_from(self._db.get(Keys.PURGE))
+            self._reload_derived()
             self._db.flush(wait=True)
             self._db.compact_range(None, None)  # what was here before is gone from disk too
 
