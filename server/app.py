@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,25 +30,17 @@ from calor.server.api.cluster_keys import ClusterKeys
 from calor.server.api.decoding import DecodingInterceptor
 from calor.server.api.forwarding import ForwardingInterceptor
 from calor.server.api.limits import LimitsInterceptor
-from calor.server.api.memory_service import MemoryServicer
-from calor.server.api.observe import Observer, counts_reader
+from calor.server.api.observe import Observer
 from calor.server.api.runtime import Runtime
-from calor.server.api.settings_service import SettingsServicer
 from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
 from calor.server.embedding import EmbeddingQueue, load_model
-from calor.server.engine.due import DueTimer
-from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.errors import CalorError, FailedPreconditionError, UnavailableError
-from calor.server.heap import settle
 from calor.server.logs import configure_logging
 from calor.server.metrics import ClusterCounts, Metrics, ServerCounts
-from calor.server.storage.purge import Purger
+from calor.server.shard import Shard
 from calor.server.storage.store import MemoryStore
-from calor.server.thermo.policy import ChannelPolicy
 from calor.server.tls import peer_credentials, server_credentials
-from calor.triggers.engine import TriggerEngine
-from calor.triggers.trigger_service import TriggerServicer
 from calor.triggers.webhook import WebhookPolicy
 
 if TYPE_CHECKING:
@@ -96,10 +87,10 @@ class CalorServer:
     def __post_init__(self) -> None:
         self.runtime = Runtime(self.config, self.clock)
         self._webhooks = WebhookPolicy(allowed_hosts=frozenset(self.config.webhook_allow))
-        self._trigger_api = TriggerServicer(self.runtime, self._webhooks)
+        self._shard = Shard(self.runtime, self._webhooks, self.server_counts)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
-        self._store: MemoryStore | None = None
+        self._store: MemoryStore | None = None  # open from loading until stopped
         self._cluster: ClusterNode | None = None
         self._cluster_keys: ClusterKeys | None = None
         config = self.config
@@ -111,13 +102,8 @@ class CalorServer:
             else None
         )
         self._forwarding = ForwardingInterceptor(self._forward_to, config.node_id, peers)
-        self._purger: Purger | None = None
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
-        self._triggers: TriggerEngine | None = None
-        self._due: DueTimer | None = None
-        self._warming: threading.Thread | None = None
-        self._stop_warming = threading.Event()
         self._access = AccessControl(None)
         self.limits = LimitsInterceptor(
             rate=self.config.rate_per_key,
@@ -127,7 +113,6 @@ class CalorServer:
         """Rates and subscription caps per caller; it knows the calls in flight."""
         self.metrics = Metrics()
         self.metrics_port = 0  # where /metrics is served; 0 while it is not
-        self._counts: Callable[[], ServerCounts] | None = None
 
     async def start(self) -> int:
         """Bind the port and begin loading; returns the bound port."""
@@ -143,13 +128,10 @@ class CalorServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ],
         )
-        memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
-            MemoryServicer(self.runtime), server
-        )
-        trigger_service_pb2_grpc.add_TriggerServiceServicer_to_server(self._trigger_api, server)
-        settings_service_pb2_grpc.add_SettingsServiceServicer_to_server(
-            SettingsServicer(self.runtime, self.server_counts), server
-        )
+        shard = self._shard
+        memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(shard.memory_api, server)
+        trigger_service_pb2_grpc.add_TriggerServiceServicer_to_server(shard.trigger_api, server)
+        settings_service_pb2_grpc.add_SettingsServiceServicer_to_server(shard.settings_api, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -305,95 +287,37 @@ class CalorServer:
         loop = asyncio.get_running_loop()
         factory = self.embedder_factory or self._load_model
         embedder = await loop.run_in_executor(None, factory)
+        config = self.config
         store = await loop.run_in_executor(
             None,
-            lambda: MemoryStore.open(
-                self.config.data_dir,
-                model_id=embedder.model_id,
-                dim=embedder.dim,
-                sync=self.config.sync_writes,
-            ),
+            Shard.open_store,
+            config.data_dir,
+            embedder.model_id,
+            embedder.dim,
+            config.sync_writes,
         )
         self._store = store
-        if self.config.cluster and not await self._own_the_store(store):
+        if config.cluster and not await self._own_the_store(store):
             return
-        self._purger = Purger(store, self.config.purge_delay_seconds)
-        self._purger.start()  # forgotten bytes leave the disk soon after each forget
-        engine = await loop.run_in_executor(
-            None,
-            MemoryEngine.open,
-            store,
-            self.clock,
-            ChannelPolicy(),
-            self.config.approximate_above,
-            self.config.memory_budget_mb * 1024 * 1024,
-        )
-        engine.background = self.runtime.executor.submit
-        settle()  # the channels just loaded live until forgotten: out of the collector's view
         self._embeddings = EmbeddingQueue(embedder)
-        triggers = TriggerEngine(
-            store,
-            engine,
-            self.clock,
-            self.runtime.run,
-            self._webhooks,
-            retention_events=self.config.event_retention,
-            retention_seconds=self.config.event_retention_seconds,
-            queue_size=self.config.subscriber_queue,
-            max_chain_depth=self.config.max_chain_depth,
+        self._embeddings.embedded = self.metrics.embedded
+        await self._shard.serve(
+            store, self._embeddings, self.clock, self.metrics, self._serving_calls
         )
-        await triggers.start()
-        self._triggers = triggers
-        self._trigger_api.attach(triggers)
-        self._due = DueTimer(engine.channels.due, self.clock, engine.settle_due)
-        self._due.start()  # state changes, on_decay events and sweeps happen on time
-        self._observe(engine, store, triggers)
-        self.runtime.attach(engine, self._embeddings)
+        self.metrics.watch(self.server_counts)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info(
-            "calor ready on %s:%d (data in %s)", self.config.host, self.port, self.config.data_dir
-        )
-        self._warming = threading.Thread(
-            target=self._warm_up, args=(engine,), name="calor-warm", daemon=True
-        )
-        self._warming.start()
+        log.info("calor ready on %s:%d (data in %s)", config.host, self.port, config.data_dir)
 
     def _serving_calls(self) -> bool:
         """Whether calls other than open subscriptions are in flight."""
         return self.limits.open_calls > sum(self.limits.subscriptions.values())
 
-    def _warm_up(self, engine: MemoryEngine) -> None:
-        """Load the channels no call has asked for yet, after SERVING: a call for one
-        loads it at once; this makes decay and its events happen on time everywhere."""
-        waiting = engine.channels.unloaded()
-        try:
-            engine.channels.load_all(self._stop_warming, busy=self._serving_calls)
-        except Exception:
-            if not self._stop_warming.is_set():
-                log.exception("loading the channels in the background failed")
-            return
-        if waiting and not self._stop_warming.is_set():
-            settle()  # the channels just loaded live until forgotten
-            log.info("all %d stored channels loaded", waiting)
-
-    def _observe(self, engine: MemoryEngine, store: MemoryStore, triggers: TriggerEngine) -> None:
-        """Let the metrics hear of model runs and dreams, and read what the server holds."""
-        metrics = self.metrics
-        engine.dreamt = lambda report, cold_only: metrics.dreamt(
-            cold_only, report.duration_ms / 1000
-        )
-        if self._embeddings is not None:
-            self._embeddings.embedded = metrics.embedded
-        self._counts = counts_reader(
-            engine, lambda: store.last_seq, triggers.hub, self.config.data_dir
-        )
-        metrics.watch(self.server_counts)
-
     def server_counts(self) -> ServerCounts:
         """What the server holds now (blocking: run it off the event loop)."""
-        if self._counts is None:
+        counts = self._shard.counts()
+        if counts is None:
             raise UnavailableError("the server is starting: the model and indexes are loading")
-        return self._counts()
+        return counts
 
     def _load_model(self) -> Embedder:
         return load_model(self.config.model_dir, threads=self.config.model_threads)
@@ -409,13 +333,9 @@ class CalorServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
-        if self._triggers is not None:
-            await self._triggers.stop()  # subscriptions end with a status naming their resume point
-        self._stop_warming.set()
-        if self._warming is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._warming.join)
-        if self._due is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._due.stop)
+        await (
+            self._shard.stop_serving()
+        )  # subscriptions end with a status naming their resume point
         if self._server is not None:
             await self._server.stop(self.config.grace_seconds if grace is None else grace)
         if self._embeddings is not None:
@@ -427,10 +347,9 @@ class CalorServer:
         if self._cluster is not None:
             self._cluster.close()  # calls are drained: give the lease up, stop following
         await self._forwarding.close()
-        if self._purger is not None:
-            self._purger.close()  # what is still pending is purged at the next start
-        if self._store is not None:
-            self._store.close()
+        self._shard.close()  # what the purger has pending is purged at the next start
+        if self._store is not None and self._shard.store is None:
+            self._store.close()  # a cluster node that never owned the store
 
 
 def _holds_channels(store: MemoryStore) -> bool:

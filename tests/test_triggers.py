@@ -321,7 +321,7 @@ def test_a_stalled_subscriber_is_cut_off_bounded_and_resumes_with_everything(
                     for n in range(start, start + 1000)
                 )
             )
-        hub = server.server._triggers.hub  # type: ignore[union-attr]
+        hub = server.server._shard.triggers.hub  # type: ignore[union-attr]
         deadline = time.time() + 120
         while hub.published_seq < first + total and time.time() < deadline:
             time.sleep(0.1)  # the dispatcher publishes everything (slowly, under load)
