@@ -177,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
         "lease_seconds": args.lease_seconds,
         "advertise": args.advertise,
         "snapshot_entries": args.snapshot_entries,
+        "shards": args.shards,
         "peer_ca": args.peer_ca,
         **limit_settings(args),
     }
@@ -491,7 +492,7 @@ def _parser() -> argparse.ArgumentParser:
         "--lease-seconds",
         type=_seconds,
         metavar="SECONDS",
-        help="how long the store's owner may go silent before another node takes over (default 3)",
+        help="how long a shard's owner may go silent before another node takes over (default 3)",
     )
     serve.add_argument(
         "--advertise",
@@ -509,7 +510,14 @@ def _parser() -> argparse.ArgumentParser:
         "--snapshot-entries",
         type=_at_least_one,
         metavar="N",
-        help="write-log entries between snapshots of the store (default 10000)",
+        help="write-log entries between snapshots of a shard's store (default 10000)",
+    )
+    serve.add_argument(
+        "--shards",
+        type=_at_least_one,
+        metavar="N",
+        help="cluster mode: shards the channels are spread over, each owned by one node "
+        "(default 1; the same on every node)",
     )
     add_limit_options(serve)
 

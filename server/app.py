@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -37,14 +36,14 @@ from calor.server.config import ServerConfig
 from calor.server.embedding import EmbeddingQueue, load_model
 from calor.server.errors import CalorError, FailedPreconditionError, UnavailableError
 from calor.server.logs import configure_logging
-from calor.server.metrics import ClusterCounts, Metrics, ServerCounts
+from calor.server.metrics import Metrics, ServerCounts
 from calor.server.shard import Shard
 from calor.server.storage.store import MemoryStore
 from calor.server.tls import peer_credentials, server_credentials
 from calor.triggers.webhook import WebhookPolicy
 
 if TYPE_CHECKING:
-    from calor.server.cluster.node import ClusterNode
+    from calor.server.cluster_host import ClusterHost
 
 from calor.v1 import (
     memory_service_pb2,
@@ -90,8 +89,7 @@ class CalorServer:
         self._shard = Shard(self.runtime, self._webhooks, self.server_counts)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
-        self._store: MemoryStore | None = None  # open from loading until stopped
-        self._cluster: ClusterNode | None = None
+        self._cluster: ClusterHost | None = None
         self._cluster_keys: ClusterKeys | None = None
         config = self.config
         peers = (
@@ -101,7 +99,7 @@ class CalorServer:
             if config.cluster
             else None
         )
-        self._forwarding = ForwardingInterceptor(self._forward_to, config.node_id, peers)
+        self._forwarding = ForwardingInterceptor(self._place, config.node_id, peers)
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
         self._access = AccessControl(None)
@@ -167,9 +165,11 @@ class CalorServer:
         layers = [Observer(self.metrics), self._access, self.limits, DecodingInterceptor()]
         return [*layers, self._forwarding] if self.config.cluster else layers
 
-    def _forward_to(self) -> str | None:
-        """Cluster mode: the store owner's address while another node owns it."""
-        return self._cluster.forward_to() if self._cluster is not None else None
+    def _place(self, method: str, request: Any, forwarded: bool) -> Callable[..., Any] | str:
+        """Cluster mode: where a call goes (see :meth:`ClusterHost.place`)."""
+        if self._cluster is None:
+            raise UnavailableError("the server is starting: it is joining the cluster")
+        return self._cluster.place(method, request, forwarded)
 
     def _access_control(self) -> AccessControl:
         """The keys of ``config.auth_file``; without one, open, and on loopback only.
@@ -227,57 +227,70 @@ class CalorServer:
         log.info("access control: reloaded %d API keys from %s", len(keys.keys), path)
         return True
 
-    async def _own_the_store(self, store: MemoryStore) -> bool:
-        """Cluster mode: join the cluster and forward calls to the store's owner until
-        this node takes the store's lease; then catch the store up with the write log
-        and become its one writer. False if the server stopped first."""
-        from calor.server.cluster.node import ClusterNode  # cluster mode only
-        from calor.server.cluster.placement import Owner
+    async def _join_cluster(self, embedder: Embedder) -> None:
+        """Cluster mode: join the cluster, forward calls to the owners of the shards,
+        and take this node's share of them."""
+        from calor.server.cluster.placement import Owner  # cluster mode only
+        from calor.server.cluster_host import ClusterHost
 
         config, loop = self.config, asyncio.get_running_loop()
-        if store.log_position == 0 and await loop.run_in_executor(None, _holds_channels, store):
-            raise FailedPreconditionError(
-                f"{config.data_dir} holds memories that are not in the cluster's write log "
-                "(a store of the embedded server): start the node on an empty --data-dir, "
-                "and bring them in with `calor export` and `calor import` through the cluster"
-            )
+        await loop.run_in_executor(None, self._refuse_embedded_store, embedder)
         me = Owner(
             config.node_id or f"{socket.gethostname()}:{self.port}",
             config.advertise or f"{config.host}:{self.port}",
         )
-        join = partial(
-            ClusterNode.join,
-            list(config.cluster),
-            me,
-            config.data_dir / "snapshots",
-            replicas=config.log_replicas,
-            lease_seconds=config.lease_seconds,
-        )
-        node = await loop.run_in_executor(None, join)
-        self._cluster = node
-        node.on_lost = _stop_this_process  # a node that lost the store stops; restart it
-        self.metrics.watch_cluster(lambda: ClusterCounts(node.owning, store.log_position))
-        keys = ClusterKeys(self._access, node.settings.auth, node.settings.publish_auth)
+        host = await loop.run_in_executor(None, ClusterHost.join, config, me)
+        self._cluster = host
+        self._embeddings = EmbeddingQueue(embedder)
+        self._embeddings.embedded = self.metrics.embedded
+        self.metrics.watch_cluster(host.cluster_counts)
+        self.metrics.watch(self.server_counts)
+        keys = ClusterKeys(self._access, host.settings.auth, host.settings.publish_auth)
         await keys.start(config.auth_file)
         self._cluster_keys = keys
-        node.start()
+        model_id, dim, sync = embedder.model_id, embedder.dim, config.sync_writes
+        opening = partial(Shard.open_store, model_id=model_id, dim=dim, sync=sync)
+        await host.start(opening, self._serve_shard)
+        await host.placed()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("cluster node %s (%s): forwarding to the store's owner", me.node_id, me.address)
-        follow = partial(node.follow, store)  # a short catch-up at takeover
-        if not await loop.run_in_executor(None, node.wait_for_lease, follow):
-            return False
-        started = time.monotonic()
-        applied = await loop.run_in_executor(None, node.take_over, store)
         log.info(
-            "cluster node %s owns the store: %d write-log entries caught up in %.2f s, at "
-            "position %d",
+            "cluster node %s (%s) of %d shards: forwarding calls to their owners",
             me.node_id,
-            applied,
-            time.monotonic() - started,
-            store.log_position,
+            me.address,
+            config.shards,
         )
-        node.keep_snapshots(store, config.snapshot_entries)
-        return True
+
+    def _refuse_embedded_store(self, embedder: Embedder) -> None:
+        """Refuse a data directory holding a store of the embedded server: its memories
+        are in no write log, and no other node would ever see them.
+
+        Raises:
+            FailedPreconditionError: It holds one.
+        """
+        config = self.config
+        if not (config.data_dir / "rocksdb").exists():
+            return
+        store = Shard.open_store(config.data_dir, embedder.model_id, embedder.dim, False)
+        try:
+            if store.channel_names():
+                raise FailedPreconditionError(
+                    f"{config.data_dir} holds memories that are not in the cluster's write "
+                    "log (a store of the embedded server): start the node on an empty "
+                    "--data-dir, and bring them in with `calor export` and `calor import` "
+                    "through the cluster"
+                )
+        finally:
+            store.close()
+
+    async def _serve_shard(self, store: MemoryStore, directory: Path) -> Shard:
+        """Cluster mode: load a shard this node now owns and answer its calls."""
+        assert self._embeddings is not None  # made before the first shard is served
+        runtime = Runtime(self.config, self.clock, self.runtime.executor)
+        shard = Shard(runtime, self._webhooks, self.server_counts)
+        await shard.serve(
+            store, self._embeddings, self.clock, self.metrics, self._serving_calls, directory
+        )
+        return shard
 
     async def _set_health(self, status: int) -> None:
         for name in ("", *_SERVICE_NAMES):
@@ -288,6 +301,9 @@ class CalorServer:
         factory = self.embedder_factory or self._load_model
         embedder = await loop.run_in_executor(None, factory)
         config = self.config
+        if config.cluster:
+            await self._join_cluster(embedder)
+            return
         store = await loop.run_in_executor(
             None,
             Shard.open_store,
@@ -296,13 +312,10 @@ class CalorServer:
             embedder.dim,
             config.sync_writes,
         )
-        self._store = store
-        if config.cluster and not await self._own_the_store(store):
-            return
         self._embeddings = EmbeddingQueue(embedder)
         self._embeddings.embedded = self.metrics.embedded
         await self._shard.serve(
-            store, self._embeddings, self.clock, self.metrics, self._serving_calls
+            store, self._embeddings, self.clock, self.metrics, self._serving_calls, config.data_dir
         )
         self.metrics.watch(self.server_counts)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -313,7 +326,10 @@ class CalorServer:
         return self.limits.open_calls > sum(self.limits.subscriptions.values())
 
     def server_counts(self) -> ServerCounts:
-        """What the server holds now (blocking: run it off the event loop)."""
+        """What the server holds now (blocking: run it off the event loop); a cluster
+        node, what the shards it serves hold."""
+        if self._cluster is not None:
+            return self._cluster.counts()
         counts = self._shard.counts()
         if counts is None:
             raise UnavailableError("the server is starting: the model and indexes are loading")
@@ -333,9 +349,11 @@ class CalorServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
-        await (
-            self._shard.stop_serving()
-        )  # subscriptions end with a status naming their resume point
+        # Subscriptions end with a status naming their resume point; a cluster node's
+        # shards are handed on (their calls drained and their leases given up).
+        await self._shard.stop_serving()
+        if self._cluster is not None:
+            await self._cluster.stop()
         if self._server is not None:
             await self._server.stop(self.config.grace_seconds if grace is None else grace)
         if self._embeddings is not None:
@@ -344,22 +362,8 @@ class CalorServer:
         self.metrics.close()
         if self._cluster_keys is not None:
             self._cluster_keys.close()
-        if self._cluster is not None:
-            self._cluster.close()  # calls are drained: give the lease up, stop following
         await self._forwarding.close()
         self._shard.close()  # what the purger has pending is purged at the next start
-        if self._store is not None and self._shard.store is None:
-            self._store.close()  # a cluster node that never owned the store
-
-
-def _holds_channels(store: MemoryStore) -> bool:
-    """Whether any channel holds anything in ``store``."""
-    return bool(store.channel_names())
-
-
-def _stop_this_process() -> None:
-    """Stop the server as SIGTERM does (from any thread)."""
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _run(config: ServerConfig) -> None:

@@ -98,15 +98,17 @@ class ServerConfig:
         node_id: This node's name in the cluster.
         log_replicas: Copies of the write log JetStream keeps (its servers must be at
             least as many).
-        lease_seconds: How long the store's owner may go without renewing its lease
-            before another node takes the store over.
+        lease_seconds: How long a shard's owner may go without renewing its lease
+            before another node takes the shard over.
         advertise: The ``host:port`` other nodes forward calls to; empty: ``host`` and
             the bound port.
         peer_ca: PEM certificates of the CAs that sign the other nodes' certificates
             (cluster mode with TLS: a node forwards to another over TLS, trusting
             these, ``tls_client_ca`` if None, and presenting its own certificate).
-        snapshot_entries: Write-log entries between two snapshots of the store; the
-            log keeps those since the snapshot before the last one.
+        snapshot_entries: Write-log entries between two snapshots of a shard's store;
+            the log keeps those since the snapshot before the last one.
+        shards: How many shards a cluster's channels are spread over (a stable hash of
+            the channel's name picks one); every node of a cluster must say the same.
     """
 
     data_dir: Path = field(default_factory=default_data_dir)
@@ -143,3 +145,4 @@ class ServerConfig:
     advertise: str = ""
     peer_ca: Path | None = None
     snapshot_entries: int = 10_000
+    shards: int = 1

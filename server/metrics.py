@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["ClusterCounts", "Metrics", "ServerCounts", "data_bytes", "rss_bytes"]
+__all__ = ["ClusterCounts", "Metrics", "ServerCounts", "data_bytes", "rss_bytes", "sum_counts"]
 
 # The buckets gen_ai.client.operation.duration SHOULD have, below them a few for the
 # milliseconds most memory operations take.
@@ -81,16 +81,32 @@ class ServerCounts:
 
 @dataclass(frozen=True)
 class ClusterCounts:
-    """A cluster node's place in its cluster (cluster mode).
+    """A cluster node's place in its cluster (cluster mode), by shard.
 
     Attributes:
-        owner: Whether this node owns the store (writes the log) or forwards to the one
-            that does.
-        log_position: The last write-log entry this node's store holds.
+        owned: Whether this node owns each shard (writes its log) or forwards to the
+            node that does.
+        log_positions: The last write-log entry this node's store of each shard holds.
     """
 
-    owner: bool
-    log_position: int
+    owned: Mapping[int, bool]
+    log_positions: Mapping[int, int]
+
+
+def sum_counts(parts: list[ServerCounts]) -> ServerCounts:
+    """What several stores hold together (the shards a cluster node serves)."""
+    states: dict[str, int] = {}
+    for part in parts:
+        for state, count in part.memories_by_state.items():
+            states[state] = states.get(state, 0) + count
+    return ServerCounts(
+        channels=sum(part.channels for part in parts),
+        memories_by_state=states,
+        last_seq=max((part.last_seq for part in parts), default=0),
+        subscribers=sum(part.subscribers for part in parts),
+        dropped_subscribers=sum(part.dropped_subscribers for part in parts),
+        data_bytes=sum(part.data_bytes for part in parts),
+    )
 
 
 class _ClusterCollector(Collector):
@@ -101,17 +117,23 @@ class _ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counts = self._counts()
-        yield GaugeMetricFamily(
+        owner = GaugeMetricFamily(
             "calor_cluster_owner",
-            "1 while this node owns the store and writes the log; 0 while it forwards.",
-            value=int(counts.owner),
+            "1 while this node owns the shard and writes its log; 0 while it forwards.",
+            labels=["shard"],
         )
-        yield GaugeMetricFamily(
+        for shard, owned in sorted(counts.owned.items()):
+            owner.add_metric([str(shard)], int(owned))
+        yield owner
+        position = GaugeMetricFamily(
             "calor_cluster_log_position",
-            "The last write-log entry this node's store holds (behind the owner's: the "
-            "entries it has still to follow).",
-            value=counts.log_position,
+            "The last write-log entry this node's store of the shard holds (behind the "
+            "owner's: the entries it has still to follow).",
+            labels=["shard"],
         )
+        for shard, at in sorted(counts.log_positions.items()):
+            position.add_metric([str(shard)], at)
+        yield position
 
 
 class _CountsCollector(Collector):

@@ -76,10 +76,12 @@ class Shard:
         clock: Clock,
         metrics: Metrics,
         busy: Callable[[], bool],
+        directory: Path,
     ) -> None:
-        """Load the engine and the triggers over ``store`` and answer calls from now on;
-        the channels no call asked for yet load in the background (``busy``: whether
-        calls are being served, which that loading gives way to)."""
+        """Load the engine and the triggers over ``store`` (kept in ``directory``) and
+        answer calls from now on; the channels no call asked for yet load in the
+        background (``busy``: whether calls are being served, which that loading gives
+        way to)."""
         config, loop = self.runtime.config, asyncio.get_running_loop()
         self.store = store
         self._purger = Purger(store, config.purge_delay_seconds)

@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"server": "calor.server", "triggers": "calor.triggers", "models": "calor.models"}
 COMPOSITION_ROOT = "calor.server.app"  # builds the server: it alone wires server and triggers
-SHARD = "calor.server.shard"  # builds one store's engine and triggers, for the root
+# The root's parts: one store's engine and triggers, and a cluster node's shards.
+ROOT_PARTS = ("calor.server.shard", "calor.server.cluster_host")
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -50,8 +51,8 @@ def graph() -> dict[str, set[str]]:
 def part(module: str) -> str:
     """The part of the code a module belongs to: a subpackage of the server, the server's
     shared top-level modules, the composition root, the trigger engine, or the models."""
-    if module in (COMPOSITION_ROOT, SHARD):
-        return COMPOSITION_ROOT  # the shard is the root's part that wires one store
+    if module == COMPOSITION_ROOT or module in ROOT_PARTS:
+        return COMPOSITION_ROOT
     pieces = module.split(".")
     if pieces[1] == "server" and len(pieces) > 3:
         return ".".join(pieces[:3])

@@ -1,23 +1,27 @@
-"""Cluster mode: a call that reaches a node which does not own the store is forwarded to
-the node that does, and its answer (messages, status, trailing metadata) passed back.
+"""Cluster mode: a call is answered by the node that owns its channel's shard. One this
+node serves is answered here; another is forwarded to its owner, and the answer
+(messages, status, trailing metadata) passed back.
 
-The forwarding is the innermost layer: the call has been observed, its key checked and
-its request decoded here, as on any node. The caller's metadata goes along (its API key
+The routing is the innermost layer: the call has been observed, its key checked and its
+request decoded here, as on any node. The caller's metadata goes along (its API key
 included) with ``calor-forwarded-by`` added, so that an owner which has just lost the
-store does not forward it again. Every answer of a forwarded call carries
+shard does not forward it again. Every answer of a forwarded call carries
 ``calor-owner`` (the owner's address) in its trailing metadata.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any, cast
 
 import grpc
 
 from calor.server.api.decoding import HANDLER_KINDS
+from calor.server.api.rpc import abort_with
+from calor.server.errors import CalorError
 
-__all__ = ["FORWARDED_BY", "OWNER", "ForwardingInterceptor"]
+__all__ = ["FORWARDED_BY", "OWNER", "ForwardingInterceptor", "Place"]
 
 FORWARDED_BY = "calor-forwarded-by"
 OWNER = "calor-owner"
@@ -36,17 +40,23 @@ def _serialize(message: Any) -> bytes:
     return cast(bytes, message.SerializeToString())
 
 
+Place = Callable[[str, Any, bool], Callable[..., Any] | str]
+"""Where a call goes, from its method, its (first) request, and whether another node
+forwarded it here: the behaviour that answers it here, or the address of the node that
+does. A :class:`CalorError` refuses the call."""
+
+
 class ForwardingInterceptor(grpc.aio.ServerInterceptor):
-    """Forwards a call to ``owner()`` when it names another node (None: answer here),
-    over TLS with ``credentials`` (plaintext without)."""
+    """Answers each call where ``place`` says: here, or forwarded to another node over
+    TLS with ``credentials`` (plaintext without)."""
 
     def __init__(
         self,
-        owner: Callable[[], str | None],
+        place: Place,
         node_id: str,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
-        self._owner = owner
+        self._place = place
         self._node_id = node_id
         self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -62,21 +72,14 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or handler.request_deserializer is None or method.startswith("/grpc."):
             return handler  # health and reflection: every node answers for itself
-        local = cast(
-            Callable[..., Any],
-            handler.unary_unary
-            or handler.unary_stream
-            or handler.stream_unary
-            or handler.stream_stream,
-        )
-        streaming_out = handler.response_streaming
+        where = partial(self._where, method, handler.request_streaming)
 
-        if streaming_out:
+        if handler.response_streaming:
 
             async def streaming(request: Any, context: _Context) -> AsyncIterator[Any]:
-                target = self._target(context)
-                if target is None:
-                    async for response in local(request, context):
+                request, target = await where(request, context)
+                if not isinstance(target, str):
+                    async for response in target(request, context):
                         yield response
                     return
                 call = self._call(target, method, handler, request, context)
@@ -91,9 +94,9 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         else:
 
             async def answering(request: Any, context: _Context) -> Any:
-                target = self._target(context)
-                if target is None:
-                    return await local(request, context)
+                request, target = await where(request, context)
+                if not isinstance(target, str):
+                    return await target(request, context)
                 call = self._call(target, method, handler, request, context)
                 try:
                     response = await call
@@ -111,14 +114,19 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=lambda r: r if isinstance(r, bytes) else original(r),
         )
 
-    def _target(self, context: _Context) -> str | None:
-        """Where the call goes: None to answer it here."""
-        target = self._owner()
-        if target is None:
-            return None
-        if any(key == FORWARDED_BY for key, _ in context.invocation_metadata() or ()):
-            return None  # forwarded to us as the owner: answer (or refuse) here, never again
-        return target
+    async def _where(
+        self, method: str, streaming_in: bool, request: Any, context: _Context
+    ) -> tuple[Any, Callable[..., Any] | str]:
+        """The request (a stream's first message put back) and where the call goes."""
+        first = request
+        if streaming_in:
+            first, request = await _peek(request)
+        forwarded = any(key == FORWARDED_BY for key, _ in context.invocation_metadata() or ())
+        try:
+            return request, self._place(method, first, forwarded)
+        except CalorError as error:
+            await abort_with(context, error)
+            raise  # not reached: abort raises
 
     def _call(
         self,
@@ -153,6 +161,20 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+async def _peek(requests: AsyncIterator[Any]) -> tuple[Any, AsyncIterator[Any]]:
+    """A request stream's first message (None for an empty stream), and the whole
+    stream again."""
+    first = await anext(aiter(requests), None)
+
+    async def again() -> AsyncIterator[Any]:
+        if first is not None:
+            yield first
+        async for request in requests:
+            yield request
+
+    return first, again()
 
 
 async def _relay_failure(error: grpc.aio.AioRpcError, context: _Context, target: str) -> None:

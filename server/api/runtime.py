@@ -24,13 +24,16 @@ _T = TypeVar("_T")
 class Runtime:
     """The parts a running server is made of, ready once the model and indexes are loaded."""
 
-    def __init__(self, config: ServerConfig, clock: Clock) -> None:
+    def __init__(
+        self, config: ServerConfig, clock: Clock, executor: ThreadPoolExecutor | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
         self.validator = Validator(config.limits, clock)
-        self.executor = ThreadPoolExecutor(
+        self.executor = executor or ThreadPoolExecutor(
             max_workers=config.workers, thread_name_prefix="calor-store"
         )
+        """Where store and index work runs: this runtime's, or one shared with others."""
         self.inflight = 0
         self._engine: MemoryEngine | None = None
         self._embeddings: EmbeddingQueue | None = None

@@ -28,13 +28,13 @@ from nats.js.errors import APIError, NotFoundError
 from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
 from calor.server.errors import FailedPreconditionError, LogBehindError, LogTrimmedError
 
-__all__ = ["JetStreamLog", "STREAM", "WRITES"]
+__all__ = ["JetStreamLog"]
 
 log = logging.getLogger(__name__)
 
-STREAM = "CALOR_WRITES"
-WRITES = "calor.writes"
-"""The subject every commit is published on (one shard: the whole store)."""
+_STREAM = "CALOR_WRITES_{shard}"
+_WRITES = "calor.writes.{shard}"
+"""The subject every commit of a shard is published on."""
 
 # JetStream's error code for an expected-last-sequence check that failed.
 _WRONG_LAST_SEQUENCE = 10071
@@ -46,40 +46,43 @@ class JetStreamLog:
     """The write log (:class:`calor.server.storage.logged.WriteLog`) on a JetStream
     stream with ``replicas`` copies."""
 
-    def __init__(self, nats: NatsConnection) -> None:
+    def __init__(self, nats: NatsConnection, shard: int) -> None:
         self._nats = nats
         self._js = nats.js
+        self.stream = _STREAM.format(shard=shard)
+        self._subject = _WRITES.format(shard=shard)
 
     @classmethod
-    def open(cls, nats: NatsConnection, *, replicas: int = 3) -> JetStreamLog:
-        """The write log on ``nats``, its stream made if it does not exist yet.
+    def open(cls, nats: NatsConnection, shard: int, *, replicas: int = 3) -> JetStreamLog:
+        """Shard ``shard``'s write log on ``nats``, its stream made if it does not exist
+        yet.
 
         Raises:
             UnavailableError: JetStream could not make the stream in time (too few
                 servers for ``replicas``, say).
             FailedPreconditionError: The stream exists with another replica count.
         """
-        stream = cls(nats)
+        stream = cls(nats, shard)
         nats.persist(lambda: stream._ensure_stream(replicas), "find the write stream", JOIN_SECONDS)
         return stream
 
     async def _ensure_stream(self, replicas: int) -> None:
         try:
-            info = await self._js.stream_info(STREAM)
+            info = await self._js.stream_info(self.stream)
         except NotFoundError:
             config = StreamConfig(
-                name=STREAM,
-                subjects=[WRITES],
+                name=self.stream,
+                subjects=[self._subject],
                 num_replicas=replicas,
                 storage=StorageType.FILE,
                 duplicate_window=_DEDUPLICATE_SECONDS,
             )
             await self._js.add_stream(config)  # refused while the cluster forms: tried again
-            log.info("write log: made stream %s with %d replicas", STREAM, replicas)
+            log.info("write log: made stream %s with %d replicas", self.stream, replicas)
             return
         if info.config.num_replicas != replicas:
             raise FailedPreconditionError(
-                f"the write stream {STREAM} has {info.config.num_replicas} replicas, this "
+                f"the write stream {self.stream} has {info.config.num_replicas} replicas, this "
                 f"node was started for {replicas}"
             )
 
@@ -97,7 +100,7 @@ class JetStreamLog:
 
     async def _publish(self, entry: bytes, headers: dict[str, str]) -> PubAck:
         try:
-            return await self._js.publish(WRITES, entry, headers=headers)
+            return await self._js.publish(self._subject, entry, headers=headers)
         except APIError as error:
             if error.err_code == _WRONG_LAST_SEQUENCE:
                 raise LogBehindError(
@@ -124,13 +127,15 @@ class JetStreamLog:
     def trim(self, through: int) -> None:
         """Drop the entries before position ``through`` (a snapshot holds them); the
         entry at ``through`` stays, the last one a writer's fence can name."""
-        self._nats.persist(lambda: self._js.purge_stream(STREAM, seq=through), "trim the write log")
+        self._nats.persist(
+            lambda: self._js.purge_stream(self.stream, seq=through), "trim the write log"
+        )
 
     async def _chunk(self, start: int) -> list[tuple[int, bytes]]:
         """The entries from position ``start`` on, as many as one fetch brings."""
         subscription = await self._js.pull_subscribe(
-            WRITES,
-            stream=STREAM,
+            self._subject,
+            stream=self.stream,
             config=ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                 opt_start_seq=start,
@@ -148,7 +153,7 @@ class JetStreamLog:
         """The positions of the log's first and last entries."""
 
         async def read() -> tuple[int, int]:
-            info = await self._js.stream_info(STREAM)
+            info = await self._js.stream_info(self.stream)
             return int(info.state.first_seq), int(info.state.last_seq)
 
         return self._nats.persist(read, "read the write log's bounds")

@@ -31,7 +31,7 @@ __all__ = ["BUCKET", "Lease", "Owner"]
 log = logging.getLogger(__name__)
 
 BUCKET = "calor_placement"
-_KEY = "owner"
+_KEY = "shard-{shard}"
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,20 @@ class Owner:
 class Lease:
     """The store's lease, as one node sees and holds it."""
 
-    def __init__(self, nats: NatsConnection, bucket: KeyValue, me: Owner) -> None:
+    def __init__(self, nats: NatsConnection, bucket: KeyValue, shard: int, me: Owner) -> None:
         self._nats = nats
         self._bucket = bucket
+        self._key = _KEY.format(shard=shard)
         self.me = me
         self._revision = 0  # of our entry while we hold the lease; 0 while we do not
         self._seen = 0  # the revision of the owner's entry last read
 
     @classmethod
-    def open(cls, nats: NatsConnection, me: Owner, *, lease_seconds: float, replicas: int) -> Lease:
-        """The lease bucket on ``nats`` (made if missing), for node ``me``."""
+    def open(
+        cls, nats: NatsConnection, shard: int, me: Owner, *, lease_seconds: float, replicas: int
+    ) -> Lease:
+        """Shard ``shard``'s lease in the bucket on ``nats`` (made if missing), for node
+        ``me``."""
         config = KeyValueConfig(
             bucket=BUCKET,
             history=1,
@@ -70,7 +74,7 @@ class Lease:
             replicas=replicas,
             storage=StorageType.FILE,
         )
-        return cls(nats, nats.key_value(config, "placement"), me)
+        return cls(nats, nats.key_value(config, "placement"), shard, me)
 
     @property
     def held(self) -> bool:
@@ -82,7 +86,7 @@ class Lease:
 
         async def read() -> Owner | None:
             try:
-                entry = await self._bucket.get(_KEY)
+                entry = await self._bucket.get(self._key)
             except (KeyNotFoundError, KeyDeletedError):
                 return None
             self._seen = int(entry.revision or 0)
@@ -96,7 +100,7 @@ class Lease:
 
         async def delete() -> bool:
             try:
-                await self._bucket.delete(_KEY, last=self._seen)
+                await self._bucket.delete(self._key, last=self._seen)
             except KeyWrongLastSequenceError:
                 return False  # renewed, or taken by another node, since it was read
             return True
@@ -108,7 +112,7 @@ class Lease:
 
         async def create() -> int:
             try:
-                return await self._bucket.create(_KEY, self.me.to_bytes())
+                return await self._bucket.create(self._key, self.me.to_bytes())
             except KeyWrongLastSequenceError:
                 return 0
 
@@ -122,7 +126,7 @@ class Lease:
 
         async def update() -> int:
             try:
-                return await self._bucket.update(_KEY, self.me.to_bytes(), last=self._revision)
+                return await self._bucket.update(self._key, self.me.to_bytes(), last=self._revision)
             except KeyWrongLastSequenceError:
                 return 0
 
@@ -136,7 +140,7 @@ class Lease:
 
         async def delete() -> None:
             try:
-                await self._bucket.delete(_KEY, last=self._revision)
+                await self._bucket.delete(self._key, last=self._revision)
             except KeyWrongLastSequenceError:
                 pass  # not ours any more
 

@@ -1,5 +1,6 @@
 """Settings every node of a cluster serves alike, in a replicated JetStream KV bucket
-(``calor_settings``): the API keys, as the content of an auth file (key ``auth``).
+(``calor_settings``): the API keys, as the content of an auth file (key ``auth``), and
+the number of shards (key ``shards``, written once by the first node).
 
 A channel's own settings are not here: they are part of the store, in the write log.
 """
@@ -7,15 +8,17 @@ A channel's own settings are not here: they are part of the store, in the write 
 from __future__ import annotations
 
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import KeyDeletedError, KeyNotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from calor.server.cluster.connection import NatsConnection
+from calor.server.errors import FailedPreconditionError
 
 __all__ = ["BUCKET", "SharedSettings"]
 
 BUCKET = "calor_settings"
 _AUTH = "auth"
+_SHARDS = "shards"
 
 
 class SharedSettings:
@@ -51,3 +54,25 @@ class SharedSettings:
         return self._nats.persist(
             lambda: self._bucket.put(_AUTH, content), "publish the cluster's API keys"
         )
+
+    def agree_on_shards(self, shards: int) -> None:
+        """Record ``shards`` as the cluster's shard count if none is yet.
+
+        Raises:
+            FailedPreconditionError: The cluster was started with another count.
+        """
+
+        async def agree() -> int:
+            try:
+                await self._bucket.create(_SHARDS, str(shards).encode())
+            except KeyWrongLastSequenceError:
+                entry = await self._bucket.get(_SHARDS)
+                return int(entry.value or b"0")
+            return shards
+
+        recorded = self._nats.persist(agree, "agree on the shard count")
+        if recorded != shards:
+            raise FailedPreconditionError(
+                f"the cluster has {recorded} shards, this node was started with --shards "
+                f"{shards}: start it with --shards {recorded}"
+            )

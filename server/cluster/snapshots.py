@@ -27,7 +27,7 @@ __all__ = ["BUCKET", "Snapshots"]
 log = logging.getLogger(__name__)
 
 BUCKET = "calor_snapshots"
-_OBJECT = "store"
+_OBJECT = "shard-{shard}"
 _TRANSFER_SECONDS = 600.0
 """How long one upload or download of a snapshot may take."""
 
@@ -36,14 +36,17 @@ class Snapshots:
     """The store's newest snapshot in the bucket; ``workdir`` holds a snapshot's file
     while it is written or read."""
 
-    def __init__(self, nats: NatsConnection, bucket: ObjectStore, workdir: Path) -> None:
+    def __init__(
+        self, nats: NatsConnection, bucket: ObjectStore, shard: int, workdir: Path
+    ) -> None:
         self._nats = nats
         self._bucket = bucket
+        self._object = _OBJECT.format(shard=shard)
         self._workdir = workdir
 
     @classmethod
-    def open(cls, nats: NatsConnection, workdir: Path, *, replicas: int) -> Snapshots:
-        """The snapshot bucket on ``nats``, made if missing."""
+    def open(cls, nats: NatsConnection, shard: int, workdir: Path, *, replicas: int) -> Snapshots:
+        """Shard ``shard``'s snapshots in the bucket on ``nats``, made if missing."""
 
         async def bucket() -> ObjectStore:
             try:
@@ -53,14 +56,15 @@ class Snapshots:
                 return await nats.js.create_object_store(BUCKET, config)
 
         workdir.mkdir(parents=True, exist_ok=True)
-        return cls(nats, nats.persist(bucket, "open the snapshot bucket", JOIN_SECONDS), workdir)
+        opened = nats.persist(bucket, "open the snapshot bucket", JOIN_SECONDS)
+        return cls(nats, opened, shard, workdir)
 
     def position(self) -> int:
         """The write-log position of the newest snapshot; 0 while there is none."""
 
         async def read() -> int:
             try:
-                info = await self._bucket.get_info(_OBJECT)
+                info = await self._bucket.get_info(self._object)
             except ObjectNotFoundError:
                 return 0
             return int(info.description or 0)
@@ -76,7 +80,7 @@ class Snapshots:
         async def upload() -> None:
             with path.open("rb") as source:
                 meta = ObjectMeta(description=str(position))
-                await self._bucket.put(_OBJECT, source, meta=meta)
+                await self._bucket.put(self._object, source, meta=meta)
 
         try:
             self._nats.persist(upload, "save a snapshot", attempt_seconds=_TRANSFER_SECONDS)
@@ -92,7 +96,7 @@ class Snapshots:
         async def download() -> bool:
             with path.open("wb") as into:
                 try:
-                    await self._bucket.get(_OBJECT, writeinto=into)
+                    await self._bucket.get(self._object, writeinto=into)
                 except ObjectNotFoundError:
                     return False
             return True

@@ -1,6 +1,6 @@
-"""This node's part in a cluster: its connection, the write log and its snapshots, the
-shared settings, the store's lease, and where a call goes while another node owns the
-store."""
+"""One shard on this node: its write log and snapshots, which it follows, and its lease,
+which it takes when the shard is free and this node wants it, then renews while it
+writes the shard's store."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from pathlib import Path
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.placement import Lease, Owner
-from calor.server.cluster.settings import SharedSettings
 from calor.server.cluster.snapshots import Snapshots
 from calor.server.errors import LogBehindError, LogTrimmedError, UnavailableError
 from calor.server.storage.store import MemoryStore
 
-__all__ = ["ClusterNode"]
+__all__ = ["ShardReplica"]
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +28,40 @@ _RETRY_SECONDS = 0.1
 _GRACE_SECONDS = 3 * _RETRY_SECONDS
 """How long a node that found the lease free waits before taking it: an owner whose
 renewals NATS could not take (a KV leader being elected) is back first to regain it."""
+_ORPHAN_SECONDS = 1.5
+"""How long a lease stays free before a node takes it though it owns its share already
+(the node that should take it is gone, and the members do not show it yet)."""
 
 
-class ClusterNode:
-    """One node: it forwards calls to the owner of the store until it takes the lease
-    itself (when the lease is free: the owner stopped renewing it), then owns the store
-    until it stops or loses the lease (``on_lost`` is called; the node should stop)."""
+class ShardReplica:
+    """A shard's store on this node: it follows the shard's write log until this node
+    takes the shard's lease (when the lease is free, the owner stopped renewing it, and
+    ``wants()`` says this node should own one more shard, or nobody took it for a
+    lease), then writes the store until it stops or loses the lease (``on_lost`` is
+    called; the shard should stop serving here)."""
 
     def __init__(
         self,
-        nats: NatsConnection,
+        index: int,
         write_log: JetStreamLog,
         snapshots: Snapshots,
-        settings: SharedSettings,
         lease: Lease,
         lease_seconds: float,
+        wants: Callable[[], bool],
     ) -> None:
+        self.index = index
         self.write_log = write_log
         self.snapshots = snapshots
-        self.settings = settings
         self.me = lease.me
         self.on_lost: Callable[[], None] = lambda: None
-        self._nats = nats
+        self._wants = wants
+        self._free_since: float | None = None  # when the lease was first seen free
         self._lease = lease
         self._lease_seconds = lease_seconds
         self._owner: Owner | None = None
         self._owning = threading.Event()
+        self.placed = threading.Event()
+        """Set once the lease was read: this node knows who owns the shard, or takes it."""
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._hold, name="calor-lease", daemon=True)
         self._snapshotting: threading.Thread | None = None
@@ -66,51 +73,45 @@ class ClusterNode:
     @classmethod
     def join(
         cls,
-        servers: list[str],
+        nats: NatsConnection,
+        index: int,
         me: Owner,
         workdir: Path,
         *,
         replicas: int = 3,
         lease_seconds: float = 3.0,
-    ) -> ClusterNode:
-        """Connect to the NATS servers, with the write stream, the snapshot, settings and
-        lease buckets made if they do not exist yet; ``workdir`` holds a snapshot's file
-        while it is written or read.
+        wants: Callable[[], bool] = lambda: True,
+    ) -> ShardReplica:
+        """Shard ``index``'s write stream, snapshot and lease on ``nats``, made if they
+        do not exist yet; ``workdir`` holds a snapshot's file while it is written or read.
 
         Raises:
-            UnavailableError: No NATS server answered, or JetStream could not make them.
+            UnavailableError: JetStream could not make them in time.
             FailedPreconditionError: The write stream has another replica count.
         """
-        nats = NatsConnection.open(servers)
-        try:
-            write_log = JetStreamLog.open(nats, replicas=replicas)
-            snapshots = Snapshots.open(nats, workdir, replicas=replicas)
-            settings = SharedSettings.open(nats, replicas=replicas)
-            lease = Lease.open(nats, me, lease_seconds=lease_seconds, replicas=replicas)
-        except Exception:
-            nats.close()
-            raise
-        return cls(nats, write_log, snapshots, settings, lease, lease_seconds)
+        write_log = JetStreamLog.open(nats, index, replicas=replicas)
+        snapshots = Snapshots.open(nats, index, workdir, replicas=replicas)
+        lease = Lease.open(nats, index, me, lease_seconds=lease_seconds, replicas=replicas)
+        return cls(index, write_log, snapshots, lease, lease_seconds, wants)
 
     def start(self) -> None:
         """Begin watching the lease (and taking it when it is free)."""
         self._thread.start()
 
-    def wait_for_lease(self, meanwhile: Callable[[], object]) -> bool:
-        """Block until this node holds the lease (True) or stops (False), calling
-        ``meanwhile`` (catching the store up with the log) about twice a second."""
-        while not self._stopping.is_set():
-            try:
-                with self._using_store:
-                    if not self._stopping.is_set():
-                        meanwhile()
-            except Exception:  # NATS away for longer than a retry: try again later
-                log.warning(
-                    "node %s could not follow the write log", self.me.node_id, exc_info=True
-                )
-            if self._owning.wait(0.5):
-                return True
-        return False
+    def keep_up(self, store: MemoryStore) -> None:
+        """Catch ``store`` up with the write log while another node owns the shard (a
+        takeover is short then); a log NATS cannot read now is read next time."""
+        try:
+            with self._using_store:
+                if not self._stopping.is_set():
+                    self.follow(store)
+        except Exception:  # NATS away for longer than a retry: try again later
+            log.warning(
+                "node %s could not follow shard %d's write log",
+                self.me.node_id,
+                self.index,
+                exc_info=True,
+            )
 
     def follow(self, store: MemoryStore) -> int:
         """Catch ``store`` up with the write log (a node that does not own the store);
@@ -200,13 +201,13 @@ class ClusterNode:
         """Whether this node owns the store now."""
         return self._owning.is_set()
 
-    def forward_to(self) -> str | None:
-        """The owner's address while another node owns the store; None when this one does
-        or no owner is known (the call is answered here)."""
+    def owner(self) -> Owner | None:
+        """The other node that owns the shard, as last seen; None while this one does or
+        no owner is known."""
         owner = self._owner
         if self._owning.is_set() or owner is None or owner == self.me:
             return None
-        return owner.address
+        return owner
 
     def _hold(self) -> None:
         """The lease loop: renew it while held, else watch it and take it when free."""
@@ -216,7 +217,7 @@ class ClusterNode:
             try:
                 if self._owning.is_set():
                     if not self._lease.renew() and not self._regain():
-                        self._lose("lost the store's lease")
+                        self._lose("lost the shard's lease")
                         return
                 else:
                     owner = self._lease.owner()
@@ -227,12 +228,17 @@ class ClusterNode:
                             owner.node_id,
                         )
                         owner = None
-                    if owner is None and self._stopping.wait(_GRACE_SECONDS):
-                        break
-                    if owner is None and self._lease.owner() is None and self._lease.acquire():
-                        owner = self.me
-                        self._owning.set()
+                        self._free_since = 0.0  # its owner is gone: take it, wanted or not
+                    if owner is not None:
+                        self._free_since = None
+                    elif self._may_take():
+                        if self._stopping.wait(_GRACE_SECONDS):
+                            break
+                        if self._lease.owner() is None and self._lease.acquire():
+                            owner = self.me
+                            self._owning.set()
                     self._owner = owner
+                self.placed.set()
             except Exception:  # NATS away: a held lease may lapse, a renewal then fails
                 log.warning(
                     "node %s: the lease could not be read or renewed",
@@ -241,6 +247,15 @@ class ClusterNode:
                 )
                 pause = _RETRY_SECONDS  # back first when NATS is: the lease is ours to regain
             self._stopping.wait(pause)
+
+    def _may_take(self) -> bool:
+        """Whether to take the free lease: this node wants one more shard, or the lease
+        has been free too long for a node that does to be coming (or this node broke
+        it: the owner is gone, and the members may not show it yet)."""
+        now = time.monotonic()
+        if self._free_since is None:
+            self._free_since = now
+        return self._wants() or now - self._free_since > _ORPHAN_SECONDS
 
     def _gone(self, owner: Owner) -> bool:
         """Whether the owner's process is gone: its address refused a connection twice,
@@ -284,8 +299,8 @@ class ClusterNode:
 
     def close(self) -> None:
         """Stop the lease loop, following the log and saving snapshots (what is under way
-        is finished first: the store may be closed after), give a held lease up, and
-        close the connection."""
+        is finished first: the store may be closed after), and give a held lease up (the
+        store must take no more commits: the next owner may take it at once)."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(5)
@@ -294,11 +309,13 @@ class ClusterNode:
         with self._using_store:  # the log's entries being applied are, too
             pass
         if self._owning.is_set():
+            self._owning.clear()
             try:
                 self._lease.release()
             except Exception:  # NATS away: the lease lapses on its own
-                log.warning("node %s: the lease could not be given up", self.me.node_id)
-        self._nats.close()
+                log.warning(
+                    "node %s: shard %d's lease could not be given up", self.me.node_id, self.index
+                )
 
 
 class _Fenced:

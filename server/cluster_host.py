@@ -1,0 +1,354 @@
+"""This process as a node of a Calor cluster (cluster mode): its NATS connection, the
+cluster's members, and one slot per shard, which follows the shard's write log until
+this node takes the shard's lease, then serves the shard until the lease is lost or
+handed to a node that owns fewer.
+
+A call reaches the shard of its channel: answered here while this node serves that
+shard, forwarded to the shard's owner otherwise (:meth:`ClusterHost.place`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from calor.server.api.routing import channels_of, method_name, shard_of
+from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.members import Members, share
+from calor.server.cluster.placement import Owner
+from calor.server.cluster.replica import ShardReplica
+from calor.server.cluster.settings import SharedSettings
+from calor.server.config import ServerConfig
+from calor.server.errors import FailedPreconditionError, UnavailableError
+from calor.server.metrics import ClusterCounts, ServerCounts, sum_counts
+from calor.server.shard import Shard
+from calor.server.storage.store import MemoryStore
+
+OpenStore = Callable[[Path], MemoryStore]
+"""Opens (or makes) a shard's store in a directory (blocking)."""
+ServeShard = Callable[[MemoryStore, Path], Awaitable[Shard]]
+"""Loads the engine and triggers of a shard this node now owns, over its store."""
+
+__all__ = ["ClusterHost"]
+
+log = logging.getLogger("calor.server")
+
+_BALANCE_SECONDS = 1.0
+_HANDOVER_SECONDS = 1.0
+"""How long a node waits after handing a shard over before it hands over another."""
+
+
+class _Slot:
+    """One shard on this node: its replica (following or owning) and, while this node
+    serves it, the shard's engine and servicers."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.replica: ShardReplica | None = None
+        self.store: MemoryStore | None = None
+        self.shard: Shard | None = None
+        self.calls = 0  # calls being answered here
+        self.leave = asyncio.Event()  # set: the lease was lost, or the shard handed over
+
+    @property
+    def owning(self) -> bool:
+        replica = self.replica
+        return replica is not None and replica.owning
+
+    @property
+    def position(self) -> int:
+        """The last write-log entry this node's store of the shard holds."""
+        store = self.store
+        return store.log_position if store is not None else 0
+
+
+class ClusterHost:
+    """This node's shards: which it serves, where the others are, and how many it
+    should own. Build it with :meth:`join` (blocking), then ``await start()``."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        me: Owner,
+        nats: NatsConnection,
+        settings: SharedSettings,
+        members: Members,
+    ) -> None:
+        self.config = config
+        self.me = me
+        self.settings = settings
+        self._nats = nats
+        self._members = members
+        self._slots = [_Slot(index) for index in range(config.shards)]
+        self._target = config.shards  # shards this node should own; set by the balancer
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._handed_over_at = 0.0
+        self._over_since: float | None = None  # since when it owns more than its share
+
+    @classmethod
+    def join(cls, config: ServerConfig, me: Owner) -> ClusterHost:
+        """Connect to the cluster's NATS servers and list this node among its members
+        (blocking).
+
+        Raises:
+            UnavailableError: No NATS server answered, or JetStream could not make the
+                buckets.
+        """
+        nats = NatsConnection.open(list(config.cluster))
+        try:
+            replicas = config.log_replicas
+            settings = SharedSettings.open(nats, replicas=replicas)
+            settings.agree_on_shards(config.shards)
+            members = Members(nats, me, lease_seconds=config.lease_seconds, replicas=replicas)
+            members.renew()
+        except Exception:
+            nats.close()
+            raise
+        return cls(config, me, nats, settings, members)
+
+    async def start(self, open_store: OpenStore, serve: ServeShard) -> None:
+        """Follow every shard's write log, take the shards this node should own, and keep
+        the balance as nodes come and go."""
+        for slot in self._slots:
+            name = f"calor-shard-{slot.index}"
+            self._tasks.append(asyncio.create_task(self._keep(slot, open_store, serve), name=name))
+        self._tasks.append(asyncio.create_task(self._balance(), name="calor-balance"))
+
+    async def placed(self) -> None:
+        """Wait until this node knows who owns each shard (it read every lease once)."""
+        while not all(
+            slot.replica is not None and slot.replica.placed.is_set() for slot in self._slots
+        ):
+            await asyncio.sleep(0.02)
+
+    async def _keep(self, slot: _Slot, open_store: OpenStore, serve: ServeShard) -> None:
+        """Hold one shard on this node, again and again: follow it, serve it while
+        owning it, and start over when it is lost or handed over."""
+        while not self._stopping.is_set():
+            try:
+                await self._hold(slot, open_store, serve)
+            except Exception:
+                log.exception(
+                    "node %s: shard %d failed; starting it again", self.me.node_id, slot.index
+                )
+                await _wait(self._stopping, 1.0)
+
+    async def _hold(self, slot: _Slot, open_store: OpenStore, serve: ServeShard) -> None:
+        """Follow the shard until this node takes its lease, then serve it until the
+        lease is lost, the shard handed over, or the node stops."""
+        loop, config, index = asyncio.get_running_loop(), self.config, slot.index
+        directory = config.data_dir / "shards" / str(index)
+        store = slot.store = await loop.run_in_executor(None, open_store, directory)
+        shard: Shard | None = None
+        slot.leave = leave = asyncio.Event()
+        try:
+            join = partial(
+                ShardReplica.join,
+                self._nats,
+                index,
+                self.me,
+                config.data_dir / "snapshots" / str(index),
+                replicas=config.log_replicas,
+                lease_seconds=config.lease_seconds,
+                wants=self._wants,
+            )
+            replica = slot.replica = await loop.run_in_executor(None, join)
+
+            def lost() -> None:  # heard on the replica's lease thread
+                loop.call_soon_threadsafe(leave.set)
+
+            replica.on_lost = lost
+            replica.start()
+            while not replica.owning:  # follow the log meanwhile: a takeover is short
+                await loop.run_in_executor(None, replica.keep_up, store)
+                if self._stopping.is_set():
+                    return
+                await _wait(leave, 0.5)
+            started = time.monotonic()
+            applied = await loop.run_in_executor(None, replica.take_over, store)
+            shard = await serve(store, directory)
+            replica.keep_snapshots(store, config.snapshot_entries)
+            slot.shard = shard
+            log.info(
+                "node %s serves shard %d: %d write-log entries caught up and loaded in "
+                "%.2f s, at position %d",
+                self.me.node_id,
+                index,
+                applied,
+                time.monotonic() - started,
+                store.log_position,
+            )
+            await leave.wait()
+        finally:
+            slot.shard = None  # calls go elsewhere from now on
+            if shard is not None:
+                await shard.stop_serving()
+                await self._drained(slot)
+            if slot.replica is not None:
+                await loop.run_in_executor(None, slot.replica.close)
+                slot.replica = None
+            slot.store = None
+            if shard is not None:
+                shard.close()
+            else:
+                store.close()
+
+    async def _drained(self, slot: _Slot) -> None:
+        """Wait until the calls this node was answering for the shard are done (at most
+        the grace period)."""
+        deadline = time.monotonic() + self.config.grace_seconds
+        while slot.calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    def _wants(self) -> bool:
+        """Whether this node should take a free lease: it owns fewer shards than its
+        share (asked from the replicas' lease threads)."""
+        return sum(other.owning for other in self._slots) < self._target
+
+    async def _balance(self) -> None:
+        """Keep this node's entry among the members, its share up to date, and hand a
+        shard over (one at a time) while it owns more than its share."""
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            try:
+                members = await loop.run_in_executor(None, self._members.renew)
+                self._target = share(self.me.node_id, members, len(self._slots))
+                owned = [slot for slot in self._slots if slot.shard is not None]
+                now = time.monotonic()
+                if len(owned) <= self._target:
+                    self._over_since = None
+                elif self._over_since is None:
+                    self._over_since = now
+                # Over its share for longer than a dead node stays among the members, and
+                # not just after handing one over: hand one on.
+                settled = now - (self._over_since or now) > self.config.lease_seconds + 1
+                if settled and now - self._handed_over_at > _HANDOVER_SECONDS:
+                    slot = owned[-1]
+                    log.info(
+                        "node %s hands shard %d over: it owns %d, its share of %d nodes is %d",
+                        self.me.node_id,
+                        slot.index,
+                        len(owned),
+                        len(members),
+                        self._target,
+                    )
+                    self._handed_over_at = time.monotonic()
+                    slot.leave.set()
+            except Exception:
+                log.warning(
+                    "node %s: the members could not be read", self.me.node_id, exc_info=True
+                )
+            await _wait(self._stopping, _BALANCE_SECONDS)
+
+    def place(self, method: str, request: Any, forwarded: bool) -> Callable[..., Any] | str:
+        """Where the call goes: the behaviour that answers it here, or the address of
+        the node that owns its shard.
+
+        Raises:
+            FailedPreconditionError: The call names channels of several shards.
+            UnavailableError: No node serves the shard right now, or the call was
+                forwarded here and this node no longer serves it.
+        """
+        name = method_name(method)
+        index = self._shard_for(name, channels_of(name, request))
+        slot = self._slots[index]
+        shard = slot.shard
+        if shard is not None:
+            return self._answer(slot, shard, method, name)
+        replica = slot.replica
+        owner = replica.owner() if replica is not None else None
+        if forwarded or owner is None:
+            raise UnavailableError(
+                f"shard {index} has no owner right now (a node is taking it over): call again"
+            )
+        return owner.address
+
+    def _shard_for(self, name: str, channels: tuple[str, ...] | None) -> int:
+        count = len(self._slots)
+        if count == 1:
+            return 0
+        if channels is None:
+            if name == "ServerStatus":  # this node's own status
+                return next((s.index for s in self._slots if s.shard is not None), 0)
+            raise FailedPreconditionError(
+                f"{name} needs a channel in a cluster of {count} shards: name the channel "
+                "(each shard answers for its own)"
+            )
+        shards = {shard_of(channel, count) for channel in channels}
+        if len(shards) > 1:
+            raise FailedPreconditionError(
+                f"{name} names channels of different shards ({', '.join(channels)}): in a "
+                f"cluster of {count} shards a call reaches one shard"
+            )
+        return shards.pop()
+
+    def _answer(self, slot: _Slot, shard: Shard, method: str, name: str) -> Callable[..., Any]:
+        """The shard's servicer method for ``method``, counted among the slot's calls."""
+        service = method.split("/")[1].rsplit(".", 1)[-1]
+        api = {
+            "MemoryService": shard.memory_api,
+            "TriggerService": shard.trigger_api,
+            "SettingsService": shard.settings_api,
+        }[service]
+        behaviour = getattr(api, name)
+        if inspect.isasyncgenfunction(behaviour):
+
+            async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                slot.calls += 1
+                try:
+                    async for response in behaviour(request, context):
+                        yield response
+                finally:
+                    slot.calls -= 1
+
+            return streaming
+
+        async def answering(request: Any, context: Any) -> Any:
+            slot.calls += 1
+            try:
+                return await behaviour(request, context)
+            finally:
+                slot.calls -= 1
+
+        return answering
+
+    def counts(self) -> ServerCounts:
+        """What the shards this node serves hold now (blocking)."""
+        held = [shard.counts() for slot in self._slots if (shard := slot.shard) is not None]
+        return sum_counts([counts for counts in held if counts is not None])
+
+    def cluster_counts(self) -> ClusterCounts:
+        """Which shards this node owns, and the log position of each it holds."""
+        return ClusterCounts(
+            owned={slot.index: slot.owning for slot in self._slots},
+            log_positions={slot.index: slot.position for slot in self._slots},
+        )
+
+    async def stop(self) -> None:
+        """Stop serving and following every shard (calls drained, leases given up), leave
+        the members, and close the connection."""
+        self._stopping.set()
+        for slot in self._slots:
+            slot.leave.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self._members.leave)
+        except Exception:
+            log.warning("node %s could not leave the members", self.me.node_id)
+        await loop.run_in_executor(None, self._nats.close)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``event`` is set or ``seconds`` have passed."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        pass

@@ -1,0 +1,150 @@
+"""Cluster mode with several shards: each channel belongs to one shard (a stable hash of
+its name), each shard to one node at a time; the nodes share the shards out evenly, a
+dead node's shards move to the others and it takes its share back when it returns.
+Three real ``nats-server`` processes and real ``calor serve --cluster`` nodes."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from calor.server.api.routing import shard_of
+from calor.server.cluster.local import NatsServers, free_port
+from calor.v1 import memory_service_pb2 as pb
+from tests.calor_process import CalorProcess
+from tests.cluster_nodes import TIMEOUT, Node, nats_cluster
+
+SHARDS = 6
+CHANNELS = [f"agent-{n}" for n in range(12)]
+_T = TypeVar("_T")
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServers]:
+    yield from nats_cluster(tmp_path_factory)
+
+
+class ShardNode(Node):
+    """A node of the sharded cluster, with its metrics served."""
+
+    def __init__(self, nats: NatsServers, data_dir: Path, name: str) -> None:
+        self.metrics_port = free_port()
+        options = ("--shards", str(SHARDS), "--metrics-port", str(self.metrics_port))
+        super().__init__(nats, data_dir, name, *options)
+
+    def owned(self) -> set[int]:
+        """The shards this node's metrics say it owns."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            lines = answer.read().decode().splitlines()
+        prefix = 'calor_cluster_owner{shard="'
+        return {
+            int(line[len(prefix) :].split('"')[0])
+            for line in lines
+            if line.startswith(prefix) and float(line.split()[-1]) == 1
+        }
+
+    def store_in(self, channel: str, text: str) -> str:
+        request = pb.StoreRequest(channel=channel, text=text, idempotency_key=text)
+        return retrying(lambda: str(self.stub.Store(request, timeout=TIMEOUT).memory.id))
+
+    def texts_of(self, channel: str) -> set[str]:
+        request = pb.ListMemoriesRequest(channel=channel, page_size=1000)
+        page = retrying(lambda: self.stub.ListMemories(request, timeout=TIMEOUT))
+        return {memory.text for memory in page.memories}
+
+
+def retrying(call: Callable[[], _T], within: float = 20.0) -> _T:
+    """``call``, again while no node serves the shard (a handover or a takeover)."""
+    give_up = time.monotonic() + within
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > give_up:
+                raise
+            time.sleep(0.1)
+
+
+def balanced(nodes: list[ShardNode], within: float = 60.0) -> list[set[int]]:
+    """Wait until the nodes own every shard between them, each its even share."""
+    give_up = time.monotonic() + within
+    while True:
+        owned = [node.owned() for node in nodes]
+        every = sorted(shard for shards in owned for shard in shards)
+        even = {len(shards) for shards in owned} == {SHARDS // len(nodes)}
+        if every == list(range(SHARDS)) and even:
+            return owned
+        assert time.monotonic() < give_up, f"the shards were never shared out: {owned}"
+        time.sleep(0.2)
+
+
+def test_nodes_share_the_shards_out_answer_for_every_channel_and_take_a_dead_ones_share(
+    nats: NatsServers, tmp_path: Path
+) -> None:
+    assert len({shard_of(channel, SHARDS) for channel in CHANNELS}) > 3  # they do spread
+    with (
+        ShardNode(nats, tmp_path / "a", "a") as a,
+        ShardNode(nats, tmp_path / "b", "b") as b,
+    ):
+        with ShardNode(nats, tmp_path / "c", "c") as c:
+            nodes = [a, b, c]
+            balanced(nodes)
+            for n, channel in enumerate(CHANNELS):
+                nodes[n % 3].store_in(channel, f"{channel} before c died")
+            for node in nodes:
+                for channel in CHANNELS:
+                    assert f"{channel} before c died" in node.texts_of(channel)
+            # A node that does not own a channel's shard names the owner it forwarded to.
+            channel = CHANNELS[0]
+            owner = next(n for n in nodes if shard_of(channel, SHARDS) in n.owned())
+            other = next(n for n in nodes if n is not owner)
+            request = pb.ListMemoriesRequest(channel=channel, page_size=10)
+            _, call = other.stub.ListMemories.with_call(request, timeout=TIMEOUT)
+            assert dict(call.trailing_metadata() or ())["calor-owner"] == owner.process.target
+            c.process.kill()  # kill -9: its leases are not given up
+        started = time.monotonic()
+        for channel in CHANNELS:  # every channel answers again, through the survivors
+            a.store_in(channel, f"{channel} while c was away")
+        recovered = time.monotonic() - started
+        assert recovered < 10, f"the shards took {recovered:.1f} s to move"
+        balanced([a, b])
+        with ShardNode(nats, tmp_path / "c", "c") as back:  # its disk, behind the logs
+            owned = balanced([a, b, back])
+            assert len(owned[2]) == SHARDS // 3  # its share, taken back
+            for channel in CHANNELS:
+                expected = {f"{channel} before c died", f"{channel} while c was away"}
+                assert expected <= back.texts_of(channel)
+
+
+def test_a_call_across_shards_is_refused_and_a_node_of_another_shard_count_cannot_join(
+    nats: NatsServers, tmp_path: Path
+) -> None:
+    first = CHANNELS[0]
+    second = next(c for c in CHANNELS if shard_of(c, SHARDS) != shard_of(first, SHARDS))
+    with ShardNode(nats, tmp_path / "a", "a") as a:
+        request = pb.RecallRequest(channel=first, channels=[second], query="anything")
+        with pytest.raises(grpc.RpcError) as refused:
+            retrying(lambda: a.stub.Recall(request, timeout=TIMEOUT))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "different shards" in (refused.value.details() or "")
+    other = CalorProcess(
+        tmp_path / "odd",
+        tmp_path / "odd.log",
+        "--cluster",
+        ",".join(nats.urls),
+        "--node-id",
+        "odd",
+        "--shards",
+        str(SHARDS + 1),
+    )
+    with pytest.raises(AssertionError, match="exited while starting"):
+        other.start()
+    assert other.wait() == 1
+    assert f"the cluster has {SHARDS} shards" in other.log_tail()
