@@ -60,6 +60,7 @@ log = logging.getLogger("calor.server")
 
 _GIL_SWITCH_SECONDS = 0.001
 
+_SUBSCRIBE = "/calor.v1.TriggerService/Subscribe"
 _SERVICE_NAMES = (
     memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
     settings_service_pb2.DESCRIPTOR.services_by_name["SettingsService"].full_name,
@@ -166,9 +167,12 @@ class CalorServer:
         return [*layers, self._forwarding] if self.config.cluster else layers
 
     def _place(self, method: str, request: Any, forwarded: bool) -> Callable[..., Any] | str:
-        """Cluster mode: where a call goes (see :meth:`ClusterHost.place`)."""
+        """Cluster mode: where a call goes (see :meth:`ClusterHost.place`); a
+        subscription is answered here, from the cluster's events stream."""
         if self._cluster is None:
             raise UnavailableError("the server is starting: it is joining the cluster")
+        if method == _SUBSCRIBE:
+            return self._shard.trigger_api.Subscribe
         return self._cluster.place(method, request, forwarded)
 
     def _access_control(self) -> AccessControl:
@@ -241,6 +245,7 @@ class CalorServer:
         )
         host = await loop.run_in_executor(None, ClusterHost.join, config, me)
         self._cluster = host
+        self._shard.trigger_api.stream_from(host.events)  # Subscribe reads the events stream
         self._embeddings = EmbeddingQueue(embedder)
         self._embeddings.embedded = self.metrics.embedded
         self.metrics.watch_cluster(host.cluster_counts)

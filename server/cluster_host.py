@@ -20,15 +20,21 @@ from typing import Any
 
 from calor.server.api.routing import channels_of, method_name, shard_of
 from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.events import ClusterEvents
 from calor.server.cluster.members import Members, share
 from calor.server.cluster.placement import Owner
 from calor.server.cluster.replica import ShardReplica
 from calor.server.cluster.settings import SharedSettings
 from calor.server.config import ServerConfig
-from calor.server.errors import FailedPreconditionError, UnavailableError
+from calor.server.errors import (
+    FailedPreconditionError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from calor.server.metrics import ClusterCounts, ServerCounts, sum_counts
 from calor.server.shard import Shard
 from calor.server.storage.store import MemoryStore
+from calor.triggers.subscriptions import EventFilter
 
 OpenStore = Callable[[Path], MemoryStore]
 """Opens (or makes) a shard's store in a directory (blocking)."""
@@ -54,6 +60,7 @@ class _Slot:
         self.store: MemoryStore | None = None
         self.shard: Shard | None = None
         self.calls = 0  # calls being answered here
+        self.published = 0  # the last of the shard's events in the events stream
         self.leave = asyncio.Event()  # set: the lease was lost, or the shard handed over
 
     @property
@@ -79,10 +86,12 @@ class ClusterHost:
         nats: NatsConnection,
         settings: SharedSettings,
         members: Members,
+        events: ClusterEvents,
     ) -> None:
         self.config = config
         self.me = me
         self.settings = settings
+        self.events = events
         self._nats = nats
         self._members = members
         self._slots = [_Slot(index) for index in range(config.shards)]
@@ -91,6 +100,7 @@ class ClusterHost:
         self._stopping = asyncio.Event()
         self._handed_over_at = 0.0
         self._over_since: float | None = None  # since when it owns more than its share
+        self._purges: set[asyncio.Future[None]] = set()  # of events quoting forgotten memories
 
     @classmethod
     def join(cls, config: ServerConfig, me: Owner) -> ClusterHost:
@@ -108,10 +118,17 @@ class ClusterHost:
             settings.agree_on_shards(config.shards)
             members = Members(nats, me, lease_seconds=config.lease_seconds, replicas=replicas)
             members.renew()
+            events = ClusterEvents.open(
+                nats,
+                replicas=replicas,
+                keep_events=config.event_retention,
+                keep_seconds=config.event_retention_seconds,
+                queue_size=config.subscriber_queue,
+            )
         except Exception:
             nats.close()
             raise
-        return cls(config, me, nats, settings, members)
+        return cls(config, me, nats, settings, members, events)
 
     async def start(self, open_store: OpenStore, serve: ServeShard) -> None:
         """Follow every shard's write log, take the shards this node should own, and keep
@@ -147,6 +164,7 @@ class ClusterHost:
         directory = config.data_dir / "shards" / str(index)
         store = slot.store = await loop.run_in_executor(None, open_store, directory)
         shard: Shard | None = None
+        publishing: asyncio.Task[None] | None = None
         slot.leave = leave = asyncio.Event()
         try:
             join = partial(
@@ -175,6 +193,10 @@ class ClusterHost:
             applied = await loop.run_in_executor(None, replica.take_over, store)
             shard = await serve(store, directory)
             replica.keep_snapshots(store, config.snapshot_entries)
+            publishing = asyncio.create_task(
+                self._publish_events(slot, shard), name=f"calor-events-{index}"
+            )
+            store.on_forget(partial(self._forgot, slot, loop))
             slot.shard = shard
             log.info(
                 "node %s serves shard %d: %d write-log entries caught up and loaded in "
@@ -188,6 +210,9 @@ class ClusterHost:
             await leave.wait()
         finally:
             slot.shard = None  # calls go elsewhere from now on
+            if publishing is not None:  # the next owner publishes from where it stopped
+                publishing.cancel()
+                await asyncio.gather(publishing, return_exceptions=True)
             if shard is not None:
                 await shard.stop_serving()
                 await self._drained(slot)
@@ -199,6 +224,51 @@ class ClusterHost:
                 shard.close()
             else:
                 store.close()
+
+    async def _publish_events(self, slot: _Slot, shard: Shard) -> None:
+        """Append the shard's events to the cluster's events stream, in order, from the
+        last one recorded as published (a new owner may offer a few again: the stream
+        keeps each once)."""
+        assert shard.triggers is not None
+        loop, index, events = asyncio.get_running_loop(), slot.index, self.events
+        recording: asyncio.Task[None] | None = None
+        while True:
+            slot.published = await loop.run_in_executor(None, events.published, index)
+            try:
+                hub = shard.triggers.hub.subscribe(EventFilter(), slot.published, from_oldest=True)
+                async for event in hub:
+                    await events.publish(index, event)
+                    slot.published = event.seq
+                    if recording is None or recording.done():
+                        recording = asyncio.create_task(events.record(index, event.seq))
+            except ResourceExhaustedError:  # fell behind the hub: read from the store again
+                continue
+
+    def _forgot(
+        self,
+        slot: _Slot,
+        loop: asyncio.AbstractEventLoop,
+        memories: set[tuple[str, str]],
+        channels: set[str],
+        seq: int,
+    ) -> None:
+        """A commit forgot memories or dropped channels (heard on the committing thread):
+        once the events up to it are published, the events that quote them go."""
+
+        async def purge() -> None:
+            while slot.published < seq and slot.shard is not None:
+                await asyncio.sleep(0.05)
+            try:
+                await self.events.forget(slot.index, memories, channels)
+            except Exception:
+                log.warning("events quoting forgotten memories stay in the stream", exc_info=True)
+
+        def start() -> None:
+            task = asyncio.ensure_future(purge())
+            self._purges.add(task)
+            task.add_done_callback(self._purges.discard)
+
+        loop.call_soon_threadsafe(start)
 
     async def _drained(self, slot: _Slot) -> None:
         """Wait until the calls this node was answering for the shard are done (at most

@@ -13,7 +13,19 @@ from typing import Any
 
 from calor.server.records import MemoryRecord
 
-__all__ = ["EVENT_KINDS", "Cause", "EventRecord", "memory_event"]
+__all__ = [
+    "EVENT_KINDS",
+    "LOG_LAST_SEQ_KEY",
+    "LOG_OLDEST_SEQ_KEY",
+    "Cause",
+    "EventRecord",
+    "memory_event",
+]
+
+LOG_LAST_SEQ_KEY = "calor-log-last-seq"
+"""Trailing metadata of an OUT_OF_RANGE answer: the log's last sequence."""
+LOG_OLDEST_SEQ_KEY = "calor-log-oldest-seq"
+"""Trailing metadata of an OUT_OF_RANGE answer: the oldest sequence the log retains."""
 
 EVENT_KINDS = (
     "on_store",

@@ -17,6 +17,7 @@ import pytest
 from calor.server.api.routing import shard_of
 from calor.server.cluster.local import NatsServers, free_port
 from calor.v1 import memory_service_pb2 as pb
+from calor.v1 import trigger_service_pb2 as tpb
 from tests.calor_process import CalorProcess
 from tests.cluster_nodes import TIMEOUT, Node, nats_cluster
 
@@ -148,3 +149,71 @@ def test_a_call_across_shards_is_refused_and_a_node_of_another_shard_count_canno
         other.start()
     assert other.wait() == 1
     assert f"the cluster has {SHARDS} shards" in other.log_tail()
+
+
+def test_one_subscription_follows_every_shard_and_resumes_on_another_node(
+    nats: NatsServers, tmp_path: Path
+) -> None:
+    stored, notified = tpb.EVENT_KIND_ON_STORE, tpb.EVENT_KIND_NOTIFY
+    quoted = CHANNELS[0]
+    with (
+        ShardNode(nats, tmp_path / "a", "a") as a,
+        ShardNode(nats, tmp_path / "b", "b") as b,
+    ):
+        balanced([a, b])
+        trigger = tpb.Trigger(
+            channel=quoted,
+            event=stored,
+            action=tpb.ACTION_KIND_NOTIFY,
+            config={"message": "stored: {text}"},
+        )
+        retrying(lambda: b.triggers.CreateTrigger(tpb.CreateTriggerRequest(trigger=trigger)))
+        # Every channel, every shard: one stream, numbered by the cluster's events stream.
+        start = tpb.SubscribeRequest(kinds=[stored, notified])
+        ids = {
+            b.store_in(channel, f"A secret of {channel}, told once."): channel
+            for channel in CHANNELS
+        }
+        stream = a.triggers.Subscribe(start, timeout=TIMEOUT)
+        seen = []
+        for response in stream:
+            seen.append(response.event)
+            got = {e.memory_id for e in seen if e.kind == stored}
+            if set(ids) <= got and any(e.kind == notified for e in seen):
+                break
+        stream.cancel()
+        seqs = [event.seq for event in seen]
+        assert seqs == sorted(set(seqs))  # in order, once each
+        assert {e.channel for e in seen if e.kind == stored} >= set(CHANNELS)
+        secret = next(i for i, channel in ids.items() if channel == quoted)
+        assert any(e.kind == notified and "told once" in e.message for e in seen)
+        # Resumed on the other node after the last event seen: the next ones, nothing again.
+        more = {b.store_in(channel, f"{channel} later on."): channel for channel in CHANNELS[:3]}
+        resumed = b.triggers.Subscribe(
+            tpb.SubscribeRequest(kinds=[stored], after_seq=seqs[-1]), timeout=TIMEOUT
+        )
+        after = []
+        for response in resumed:
+            after.append(response.event)
+            if set(more) <= {e.memory_id for e in after}:
+                break
+        resumed.cancel()
+        assert all(event.seq > seqs[-1] for event in after)
+        # Forgotten: the events that quoted its text leave the events stream.
+        forget = pb.ForgetRequest(channel=quoted, ids=[secret])
+        assert retrying(lambda: b.stub.Forget(forget, timeout=TIMEOUT)).forgotten == 1
+        give_up = time.monotonic() + 10
+        while True:
+            replay = a.triggers.Subscribe(
+                tpb.SubscribeRequest(kinds=[notified], channels=[quoted]), timeout=2.0
+            )
+            messages: list[str] = []
+            try:
+                for response in replay:
+                    messages.append(response.event.message)
+            except grpc.RpcError as error:  # the deadline: the replay is all there is
+                assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            if not any("told once" in message for message in messages):
+                break
+            assert time.monotonic() < give_up, "the quoting event stayed in the events stream"
+            time.sleep(0.2)

@@ -15,14 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from calor.server.errors import OutOfRangeError, ResourceExhaustedError, UnavailableError
-from calor.server.events import EventRecord
+from calor.server.events import LOG_LAST_SEQ_KEY, LOG_OLDEST_SEQ_KEY, EventRecord
 
 __all__ = ["LOG_LAST_SEQ_KEY", "LOG_OLDEST_SEQ_KEY", "EventFilter", "SubscriptionHub"]
-
-LOG_LAST_SEQ_KEY = "calor-log-last-seq"
-"""Trailing metadata of an OUT_OF_RANGE answer: the log's last sequence."""
-LOG_OLDEST_SEQ_KEY = "calor-log-oldest-seq"
-"""Trailing metadata of an OUT_OF_RANGE answer: the oldest sequence the log retains."""
 
 
 @dataclass(frozen=True)

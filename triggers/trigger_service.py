@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -99,6 +99,14 @@ def _is_offset(value: str) -> bool:
     return value.isascii() and value.isdigit() and str(int(value)) == value
 
 
+class EventSource(Protocol):
+    """Where ``Subscribe`` reads events: a hub's ``subscribe``."""
+
+    def subscribe(
+        self, wanted: EventFilter, after_seq: int, *, from_oldest: bool = False
+    ) -> AsyncIterator[EventRecord]: ...
+
+
 class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     """The gRPC face of the trigger engine."""
 
@@ -106,10 +114,16 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         self._rt = runtime
         self._webhooks = webhooks
         self._engine: TriggerEngine | None = None
+        self._events: EventSource | None = None
 
     def attach(self, triggers: TriggerEngine) -> None:
         """Serve this trigger engine, once the server has loaded it."""
         self._engine = triggers
+
+    def stream_from(self, events: EventSource) -> None:
+        """Subscribe to ``events`` rather than the trigger engine's (a cluster node: the
+        cluster's events stream)."""
+        self._events = events
 
     def _triggers(self) -> TriggerEngine:
         if self._engine is None:
@@ -261,7 +275,8 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 trigger_ids=frozenset(request.trigger_ids),
                 readable=_readable(),
             )
-            events = self._triggers().hub.subscribe(
+            source = self._events or self._triggers().hub
+            events = source.subscribe(
                 wanted, request.after_seq, from_oldest=request.from_oldest_retained
             )
             async for event in events:

@@ -103,6 +103,10 @@ class NatsConnection:
             future.cancel()
             raise
 
+    async def call(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Await ``work`` on the connection's loop from another event loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
     def persist(
         self,
         work: Callable[[], Coroutine[Any, Any, _T]],

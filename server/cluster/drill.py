@@ -40,8 +40,9 @@ __all__ = ["CHANNELS", "KINDS", "Drill", "Report", "owns_the_store"]
 
 CHANNELS = ("drill-a", "drill-b", "drill-c", "drill-d")
 KINDS = ("node", "owner", "nats", "both", "owner+nats")
-"""What a round kills: a random Calor node, the node that owns the store, a random NATS
-server, or a random node or the owner with a NATS server at the same moment."""
+"""What a round kills: a random Calor node, the node that owns the first channel's shard,
+a random NATS server, or a random node or that owner with a NATS server at the same
+moment."""
 CLIENTS = 8
 _CALL_SECONDS = 10.0
 _ANSWER_SECONDS = 120.0
@@ -167,13 +168,12 @@ class _Seen:
     seq: int
     kind: int
     memory_id: str
-    cause_seq: int  # a trigger's event: the seq of the event that fired it
 
 
 class _Follower:
-    """A subscriber to the drill's ON_STORE events and its triggers' NOTIFY events that,
-    when its stream ends (its node or the owner died), subscribes again through a live
-    node after the last event seen."""
+    """A subscriber to the drill's ON_STORE events and its triggers' NOTIFY events, through
+    the owner of the first channel's shard, that, when its stream ends (its node died),
+    subscribes again through a live node after the last event seen."""
 
     def __init__(self, nodes: _Nodes) -> None:
         self._nodes = nodes
@@ -181,6 +181,8 @@ class _Follower:
         self.resumed = 0
         """Streams that delivered events and then ended (a death), each followed by a new
         subscription after the last event seen."""
+        self.node: int | None = None
+        """The node its stream is open on."""
         self._stream: Any = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drill-subscriber", daemon=True)
@@ -195,6 +197,17 @@ class _Follower:
             stream.cancel()
         self._thread.join()
 
+    def _owner_or_any(self, rng: random.Random, seconds: float = 10.0) -> int:
+        """The owner of the first channel's shard, once there is one (a live node if
+        there is none for ``seconds``)."""
+        give_up = time.monotonic() + seconds
+        while time.monotonic() < give_up and not self._stop.is_set():
+            number = self._nodes.owner()
+            if number is not None:
+                return number
+            time.sleep(0.1)
+        return self._nodes.any_live(rng)
+
     def _run(self) -> None:
         rng = random.Random(-1)
         while not self._stop.is_set():
@@ -205,15 +218,19 @@ class _Follower:
             )
             received = len(self.seen)
             try:
-                self._stream = self._nodes.triggers[self._nodes.any_live(rng)].Subscribe(request)
+                # Through the owner of the first channel's shard, the node an owner round
+                # kills: the stream ends with it, and resumes through a live node.
+                number = self._owner_or_any(rng)
+                self.node = number
+                self._stream = self._nodes.triggers[number].Subscribe(request)
                 if self._stop.is_set():
                     self._stream.cancel()
                 for response in self._stream:
                     event = response.event
-                    cause = int(event.payload.get("cause_seq", "0") or 0)
-                    self.seen.append(_Seen(event.seq, event.kind, event.memory_id, cause))
+                    self.seen.append(_Seen(event.seq, event.kind, event.memory_id))
             except grpc.RpcError:
-                pass  # the node or the owner died, or is starting: resume through a live node
+                pass  # the node died, or is starting: resume through a live node
+            self.node = None
             if len(self.seen) > received and not self._stop.is_set():
                 self.resumed += 1  # a stream that delivered events ended
             self._stop.wait(0.1)
@@ -293,7 +310,7 @@ class Drill:
         try:
             for number, kind in enumerate(kinds):
                 time.sleep(self._rng.uniform(1.0, 3.0))
-                rounds.append(self._round(number, kind))
+                rounds.append(self._round(number, kind, follower))
             time.sleep(2.0)
         finally:
             load.stop()
@@ -320,7 +337,7 @@ class Drill:
                     raise
                 time.sleep(0.1)
 
-    def _round(self, number: int, kind: str) -> dict[str, Any]:
+    def _round(self, number: int, kind: str, follower: _Follower) -> dict[str, Any]:
         rng, cluster = self._rng, self.cluster
         node = server = None
         owner = self._nodes.owner()
@@ -331,6 +348,7 @@ class Drill:
         if kind in ("nats", "both", "owner+nats"):
             server = rng.randrange(len(cluster.nats.client_ports))
         killed_at = time.time()
+        cut = node is not None and node == follower.node
         if node is not None:
             cluster.kill_node(node)
         if server is not None:
@@ -358,6 +376,7 @@ class Drill:
             "kind": kind,
             "node": node,
             "owner_killed": node is not None and node == owner,
+            "subscriber_cut": cut,
             "nats": server,
             "stopped_by_themselves": stopped,
             "killed_at": round(killed_at, 3),
@@ -394,8 +413,9 @@ class Drill:
         give_up = time.monotonic() + seconds
         while time.monotonic() < give_up:
             seen = list(follower.seen)
-            stores = {e.seq for e in seen if e.kind == _STORED and e.memory_id in stored}
-            if len(stores) >= len(stored) and stores <= {e.cause_seq for e in seen}:
+            stores = {e.memory_id for e in seen if e.kind == _STORED and e.memory_id in stored}
+            notified = {e.memory_id for e in seen if e.kind == _NOTIFIED}
+            if len(stores) >= len(stored) and stores <= notified:
                 return
             time.sleep(0.2)
 
@@ -412,8 +432,8 @@ class Drill:
         seen = follower.seen
         seqs = [e.seq for e in seen]
         events = Counter(seqs)
-        stores = {e.seq for e in seen if e.kind == _STORED}
-        fired = Counter(e.cause_seq for e in seen if e.kind == _NOTIFIED)
+        stores = {e.memory_id for e in seen if e.kind == _STORED}
+        fired = Counter(e.memory_id for e in seen if e.kind == _NOTIFIED)
         return Report(
             rounds=rounds,
             writes_acknowledged=len(self._writes.acked),
@@ -443,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"what rounds kill, in turn, comma-separated, of {', '.join(KINDS)}",
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--shards", type=int, default=1, help="the cluster's shards (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the nodes' data and logs")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
@@ -451,7 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seed = random.randrange(1 << 30) if args.seed is None else args.seed
     root = Path(tempfile.mkdtemp(prefix="calor-drill-"))
     cluster = LocalCluster(root)
-    print(f"drill in {root}, seed {seed}", flush=True)
+    cluster.options = ["--shards", str(args.shards)]
+    print(f"drill in {root}, seed {seed}, {args.shards} shards", flush=True)
     try:
         cluster.start()
         drill = Drill(cluster, seed, lambda line: print(line, flush=True))

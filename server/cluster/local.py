@@ -236,18 +236,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--port", type=int, default=50051, help="the first node's port")
     parser.add_argument("--nats-port", type=int, default=4222, help="the first NATS port")
+    parser.add_argument("--shards", type=int, default=3, help="the cluster's shards (default 3)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.dir, args.nodes, first_port=args.port, nats_port=args.nats_port)
+    cluster.options = ["--shards", str(args.shards)]
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
         cluster.start()
         urls = ",".join(cluster.nats.urls)
-        print(f"NATS JetStream (the write log and the lease on each): {urls}")
+        print(f"NATS JetStream (write logs, leases, events, snapshots): {urls}")
         for number, target in enumerate(cluster.targets()):
             print(f"calor node-{number}: {target}  (log {args.dir / f'node-{number}.log'})")
-        print("Any node takes any call; one owns the store, the others forward to it.")
+        print(
+            f"Any node takes any call: the channels are spread over {args.shards} shards, "
+            "each owned by one node, and a call reaches its channel's owner."
+        )
         print(f"Try: calor --target {cluster.targets()[-1]} store 'hello from the cluster'")
         print("Ctrl-C stops them all.", flush=True)
         while not stopping.wait(0.5):

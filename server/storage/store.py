@@ -70,6 +70,8 @@ _SEP_TEXT = SEP.decode()
 
 _PAST_SEP = bytes([SEP[0] + 1])  # sorts after SEP: past one channel's keys of a family
 
+_ForgetListener = Callable[[set[tuple[str, str]], set[str], int], None]
+
 log = logging.getLogger("calor.server")
 
 
@@ -123,6 +125,7 @@ class MemoryStore:
         self.last_seq = self._find_last_seq()
         self._listeners: list[Callable[[list[EventRecord]], None]] = []
         self._purge_listeners: list[Callable[[], None]] = []
+        self._forget_listeners: list[_ForgetListener] = []
         saved = db.get(Keys.PURGE)
         self._purging: dict[bytes, tuple[bytes, bytes]] = _ranges_from(saved)
         self._log: WriteLog | None = None
@@ -158,6 +161,12 @@ class MemoryStore:
         (hand the events to an event loop, for example).
         """
         self._listeners.append(listener)
+
+    def on_forget(self, listener: _ForgetListener) -> None:
+        """Call ``listener`` after each commit that forgets memories or drops channels,
+        with the (channel, memory id) pairs, the channels, and the last event number
+        then, under the commit lock (it must be quick)."""
+        self._forget_listeners.append(listener)
 
     def on_purge(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after each commit that left bytes for :meth:`purge` to drop
@@ -245,6 +254,9 @@ class MemoryStore:
                 self.last_seq = numbered[-1].seq
                 for listener in self._listeners:
                     listener(numbered)
+            if held.forgotten or held.dropped:
+                for forget_listener in self._forget_listeners:
+                    forget_listener(set(held.forgotten), set(held.dropped), self.last_seq)
             if held.erased:
                 for purge_listener in self._purge_listeners:
                     purge_listener()
