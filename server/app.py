@@ -100,7 +100,7 @@ class CalorServer:
             if config.cluster
             else None
         )
-        self._forwarding = ForwardingInterceptor(self._place, config.node_id, peers)
+        self._forwarding = ForwardingInterceptor(self._place, self._shard_of, config.node_id, peers)
         self._embeddings: EmbeddingQueue | None = None
         self._loading: asyncio.Task[None] | None = None
         self._access = AccessControl(None)
@@ -230,6 +230,12 @@ class CalorServer:
         self._access.reload(keys)
         log.info("access control: reloaded %d API keys from %s", len(keys.keys), path)
         return True
+
+    def _shard_of(self, method: str, request: Any) -> object:
+        """Cluster mode: the shard a request goes to."""
+        if self._cluster is None:
+            raise UnavailableError("the server is starting: it is joining the cluster")
+        return self._cluster.shard_of(method, request)
 
     async def _join_cluster(self, embedder: Embedder) -> None:
         """Cluster mode: join the cluster, forward calls to the owners of the shards,

@@ -327,7 +327,7 @@ class ClusterHost:
                 forwarded here and this node no longer serves it.
         """
         name = method_name(method)
-        index = self._shard_for(name, channels_of(name, request))
+        index = self.shard_of(method, request)
         slot = self._slots[index]
         shard = slot.shard
         if shard is not None:
@@ -339,6 +339,15 @@ class ClusterHost:
                 f"shard {index} has no owner right now (a node is taking it over): call again"
             )
         return owner.address
+
+    def shard_of(self, method: str, request: Any) -> int:
+        """The shard a call goes to, from its (first) request.
+
+        Raises:
+            FailedPreconditionError: It names channels of several shards.
+        """
+        name = method_name(method)
+        return self._shard_for(name, channels_of(name, request))
 
     def _shard_for(self, name: str, channels: tuple[str, ...] | None) -> int:
         count = len(self._slots)
@@ -395,9 +404,10 @@ class ClusterHost:
         return sum_counts([counts for counts in held if counts is not None])
 
     def cluster_counts(self) -> ClusterCounts:
-        """Which shards this node owns, and the log position of each it holds."""
+        """Which shards this node owns and serves, and the log position of each it
+        holds."""
         return ClusterCounts(
-            owned={slot.index: slot.owning for slot in self._slots},
+            owned={slot.index: slot.shard is not None for slot in self._slots},
             log_positions={slot.index: slot.position for slot in self._slots},
         )
 

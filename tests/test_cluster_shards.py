@@ -130,11 +130,23 @@ def test_a_call_across_shards_is_refused_and_a_node_of_another_shard_count_canno
     first = CHANNELS[0]
     second = next(c for c in CHANNELS if shard_of(c, SHARDS) != shard_of(first, SHARDS))
     with ShardNode(nats, tmp_path / "a", "a") as a:
+        balanced([a])  # the only node: it owns every shard
         request = pb.RecallRequest(channel=first, channels=[second], query="anything")
         with pytest.raises(grpc.RpcError) as refused:
             retrying(lambda: a.stub.Recall(request, timeout=TIMEOUT))
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "different shards" in (refused.value.details() or "")
+        mixed = [
+            pb.StoreStreamRequest(
+                store=pb.StoreRequest(channel=channel, text=f"Mixed into {channel}.")
+            )
+            for channel in (first, second)
+        ]
+        with pytest.raises(grpc.RpcError) as cut:
+            a.stub.StoreStream(iter(mixed), timeout=TIMEOUT)
+        assert cut.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "one shard" in (cut.value.details() or "")
+        assert f"Mixed into {second}." not in a.texts_of(second)  # not in the first's store
     other = CalorProcess(
         tmp_path / "odd",
         tmp_path / "odd.log",

@@ -19,7 +19,7 @@ import grpc
 
 from calor.server.api.decoding import HANDLER_KINDS
 from calor.server.api.rpc import abort_with
-from calor.server.errors import CalorError
+from calor.server.errors import CalorError, FailedPreconditionError
 
 __all__ = ["FORWARDED_BY", "OWNER", "ForwardingInterceptor", "Place"]
 
@@ -48,15 +48,18 @@ does. A :class:`CalorError` refuses the call."""
 
 class ForwardingInterceptor(grpc.aio.ServerInterceptor):
     """Answers each call where ``place`` says: here, or forwarded to another node over
-    TLS with ``credentials`` (plaintext without)."""
+    TLS with ``credentials`` (plaintext without). The messages of a request stream must
+    all have its first one's ``key`` (they go to one shard)."""
 
     def __init__(
         self,
         place: Place,
+        key: Callable[[str, Any], object],
         node_id: str,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._place = place
+        self._key = key
         self._node_id = node_id
         self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -96,13 +99,16 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
             async def answering(request: Any, context: _Context) -> Any:
                 request, target = await where(request, context)
                 if not isinstance(target, str):
-                    return await target(request, context)
+                    response = await target(request, context)
+                    await _refuse_unalike(request, context)
+                    return response
                 call = self._call(target, method, handler, request, context)
                 try:
                     response = await call
                 except grpc.aio.AioRpcError as error:
                     await _relay_failure(error, context, target)
                 context.set_trailing_metadata((*await call.trailing_metadata(), (OWNER, target)))
+                await _refuse_unalike(request, context)
                 return response
 
             behaviour = answering
@@ -123,10 +129,13 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
             first, request = await _peek(request)
         forwarded = any(key == FORWARDED_BY for key, _ in context.invocation_metadata() or ())
         try:
-            return request, self._place(method, first, forwarded)
+            target = self._place(method, first, forwarded)
         except CalorError as error:
             await abort_with(context, error)
             raise  # not reached: abort raises
+        if streaming_in and first is not None:
+            request = _Alike(request, partial(self._key, method), self._key(method, first))
+        return request, target
 
     def _call(
         self,
@@ -161,6 +170,43 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class _Alike:
+    """A request stream whose messages all have its first one's key: it ends at the first
+    that does not, and ``refused`` says why."""
+
+    def __init__(
+        self, requests: AsyncIterator[Any], key: Callable[[Any], object], first: object
+    ) -> None:
+        self._requests = requests
+        self._key = key
+        self._first = first
+        self.refused: CalorError | None = None
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Any]:
+        async for request in self._requests:
+            try:
+                alike = self._key(request) == self._first
+            except CalorError as error:
+                self.refused = error
+                return
+            if not alike:
+                self.refused = FailedPreconditionError(
+                    "a stream's messages must all name channels of one shard, the first "
+                    "one's; the messages before this one were taken"
+                )
+                return
+            yield request
+
+
+async def _refuse_unalike(request: Any, context: _Context) -> None:
+    """End the call with why its request stream was cut short, if it was."""
+    if isinstance(request, _Alike) and request.refused is not None:
+        await abort_with(context, request.refused)
 
 
 async def _peek(requests: AsyncIterator[Any]) -> tuple[Any, AsyncIterator[Any]]:

@@ -50,14 +50,14 @@ _STORED, _NOTIFIED = tpb.EVENT_KIND_ON_STORE, tpb.EVENT_KIND_NOTIFY
 _WORDS = ["deploy", "coffee", "invoice", "rotation", "backup", "holiday", "budget", "review"]
 
 
-def owns_the_store(stub: MemoryServiceStub) -> bool:
-    """Whether the node behind ``stub`` answers a call itself: its answer names no other
-    node as the owner (``calor-owner``).
+def owns_the_store(stub: MemoryServiceStub, channel: str = CHANNELS[0]) -> bool:
+    """Whether the node behind ``stub`` answers a call to ``channel`` itself (it owns the
+    channel's shard): its answer names no other node as the owner (``calor-owner``).
 
     Raises:
         grpc.RpcError: The node did not answer (starting, or no owner yet).
     """
-    request = pb.ListMemoriesRequest(channel=CHANNELS[0], page_size=1)
+    request = pb.ListMemoriesRequest(channel=channel, page_size=1)
     _, call = stub.ListMemories.with_call(request, timeout=5.0)
     return not any(key == OWNER for key, _ in call.trailing_metadata() or ())
 
