@@ -87,6 +87,7 @@ class ClusterHost:
         settings: SharedSettings,
         members: Members,
         events: ClusterEvents,
+        target: int,
     ) -> None:
         self.config = config
         self.me = me
@@ -95,7 +96,7 @@ class ClusterHost:
         self._nats = nats
         self._members = members
         self._slots = [_Slot(index) for index in range(config.shards)]
-        self._target = config.shards  # shards this node should own; set by the balancer
+        self._target = target  # shards this node should own; kept by the balancer
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._handed_over_at = 0.0
@@ -117,7 +118,7 @@ class ClusterHost:
             settings = SharedSettings.open(nats, replicas=replicas)
             settings.agree_on_shards(config.shards)
             members = Members(nats, me, lease_seconds=config.lease_seconds, replicas=replicas)
-            members.renew()
+            target = share(me.node_id, members.renew(), config.shards)
             events = ClusterEvents.open(
                 nats,
                 replicas=replicas,
@@ -128,7 +129,7 @@ class ClusterHost:
         except Exception:
             nats.close()
             raise
-        return cls(config, me, nats, settings, members, events)
+        return cls(config, me, nats, settings, members, events, target)
 
     async def start(self, open_store: OpenStore, serve: ServeShard) -> None:
         """Follow every shard's write log, take the shards this node should own, and keep

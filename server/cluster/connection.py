@@ -14,14 +14,14 @@ import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError
-from nats.js.api import KeyValueConfig
+from nats.js.api import KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from calor.server.errors import CalorError, UnavailableError
 
-__all__ = ["JOIN_SECONDS", "NatsConnection"]
+__all__ = ["JOIN_SECONDS", "NatsConnection", "bucket_config"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -156,6 +156,14 @@ class NatsConnection:
         except Exception:  # closing: what is left to drain no longer matters
             log.debug("nats: drain on close failed", exc_info=True)
         _end(self._loop, self._thread)
+
+
+def bucket_config(name: str, replicas: int, *, ttl: float | None = None) -> KeyValueConfig:
+    """A replicated key-value bucket on disk keeping each key's last value, whose entries
+    expire ``ttl`` seconds after they were written (None: never)."""
+    return KeyValueConfig(
+        bucket=name, history=1, ttl=ttl, replicas=replicas, storage=StorageType.FILE
+    )
 
 
 def _end(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

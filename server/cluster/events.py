@@ -24,7 +24,6 @@ from typing import Any, Protocol
 from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
-    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -32,7 +31,7 @@ from nats.js.api import (
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
+from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection, bucket_config
 from calor.server.errors import OutOfRangeError, ResourceExhaustedError, UnavailableError
 from calor.server.events import LOG_LAST_SEQ_KEY, LOG_OLDEST_SEQ_KEY, EventRecord
 
@@ -102,10 +101,8 @@ class ClusterEvents:
                 await nats.js.add_stream(config)
 
         nats.persist(ensure, "find the events stream", JOIN_SECONDS)
-        config = KeyValueConfig(
-            bucket=_BUCKET, history=1, replicas=replicas, storage=StorageType.FILE
-        )
-        return cls(nats, nats.key_value(config, "event cursors"), queue_size)
+        cursors = nats.key_value(bucket_config(_BUCKET, replicas), "event cursors")
+        return cls(nats, cursors, queue_size)
 
     def published(self, shard: int) -> int:
         """The number (in its shard) of the last event of ``shard`` recorded as

@@ -1,7 +1,8 @@
-"""The write log on a NATS JetStream stream, replicated by its servers (Raft).
+"""A shard's write log on a NATS JetStream stream (``CALOR_WRITES_K``), replicated by
+its servers (Raft).
 
-Each commit is one message on the stream's write subject. It is published with a
-message id (so that a retry after a lost answer is deduplicated: JetStream answers
+Each commit is one message on the stream's write subject (``calor.writes.K``). It is
+published with a message id (so that a retry after a lost answer is deduplicated: JetStream answers
 with the first copy's position) and with the position the writer last saw
 (``Nats-Expected-Last-Subject-Sequence``), so a writer that has not seen every entry
 before its own is refused instead of forking the history. :meth:`JetStreamLog.append`

@@ -12,10 +12,9 @@ from __future__ import annotations
 import binascii
 import re
 
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import NoKeysError
 
-from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.connection import NatsConnection, bucket_config
 from calor.server.cluster.placement import Owner
 
 __all__ = ["BUCKET", "Members", "share"]
@@ -36,15 +35,8 @@ class Members:
     """This node's entry among the cluster's members, and the list of them."""
 
     def __init__(self, nats: NatsConnection, me: Owner, *, lease_seconds: float, replicas: int):
-        config = KeyValueConfig(
-            bucket=BUCKET,
-            history=1,
-            ttl=lease_seconds,
-            replicas=replicas,
-            storage=StorageType.FILE,
-        )
         self._nats = nats
-        self._bucket = nats.key_value(config, "members")
+        self._bucket = nats.key_value(bucket_config(BUCKET, replicas, ttl=lease_seconds), "members")
         self._me = me
 
     def renew(self) -> list[str]:

@@ -1,7 +1,7 @@
-"""Who owns the store: a lease in a replicated JetStream key-value bucket.
+"""Who owns a shard: a lease in a replicated JetStream key-value bucket.
 
 The owner's entry (its node id and the address other nodes forward calls to) lives in
-the bucket ``calor_placement`` under ``owner``. The bucket's entries expire
+the bucket ``calor_placement`` under ``shard-K``. The bucket's entries expire
 ``lease_seconds`` after they were last written, so an owner renews its entry well
 within that (a compare-and-set on the entry's revision: a renewal after someone else
 took the lease fails). A node takes a free lease with a create, which fails while an
@@ -16,7 +16,6 @@ import json
 import logging
 from dataclasses import dataclass
 
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
@@ -24,7 +23,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.connection import NatsConnection, bucket_config
 
 __all__ = ["BUCKET", "Lease", "Owner"]
 
@@ -36,7 +35,7 @@ _KEY = "shard-{shard}"
 
 @dataclass(frozen=True)
 class Owner:
-    """The node that owns the store, and where other nodes reach it."""
+    """A node that owns a shard (or is a member), and where other nodes reach it."""
 
     node_id: str
     address: str
@@ -51,7 +50,7 @@ class Owner:
 
 
 class Lease:
-    """The store's lease, as one node sees and holds it."""
+    """A shard's lease, as one node sees and holds it."""
 
     def __init__(self, nats: NatsConnection, bucket: KeyValue, shard: int, me: Owner) -> None:
         self._nats = nats
@@ -67,13 +66,7 @@ class Lease:
     ) -> Lease:
         """Shard ``shard``'s lease in the bucket on ``nats`` (made if missing), for node
         ``me``."""
-        config = KeyValueConfig(
-            bucket=BUCKET,
-            history=1,
-            ttl=lease_seconds,
-            replicas=replicas,
-            storage=StorageType.FILE,
-        )
+        config = bucket_config(BUCKET, replicas, ttl=lease_seconds)
         return cls(nats, nats.key_value(config, "placement"), shard, me)
 
     @property

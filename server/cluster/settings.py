@@ -7,11 +7,10 @@ A channel's own settings are not here: they are part of the store, in the write 
 
 from __future__ import annotations
 
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.connection import NatsConnection, bucket_config
 from calor.server.errors import FailedPreconditionError
 
 __all__ = ["BUCKET", "SharedSettings"]
@@ -31,10 +30,7 @@ class SharedSettings:
     @classmethod
     def open(cls, nats: NatsConnection, *, replicas: int) -> SharedSettings:
         """The settings bucket on ``nats``, made if missing."""
-        config = KeyValueConfig(
-            bucket=BUCKET, history=1, replicas=replicas, storage=StorageType.FILE
-        )
-        return cls(nats, nats.key_value(config, "settings"))
+        return cls(nats, nats.key_value(bucket_config(BUCKET, replicas), "settings"))
 
     def auth(self) -> tuple[int, bytes] | None:
         """The API keys in force (an auth file's content) and their revision; None while

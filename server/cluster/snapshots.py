@@ -1,12 +1,12 @@
-"""Snapshots of the store in a replicated JetStream object store, so the write log can be
-trimmed (cluster mode).
+"""Snapshots of a shard's store in a replicated JetStream object store, so its write log
+can be trimmed (cluster mode).
 
-The owner saves a snapshot (:mod:`calor.server.storage.snapshot`) every so many log
-entries as the object ``store`` of the bucket ``calor_snapshots`` (its write-log position
-in the object's description), then trims the log up to the snapshot before it: a node
-that follows the log within one snapshot's distance never needs more than the tail. A
-node whose store is empty, or behind the log's beginning, loads the snapshot and follows
-the tail from there.
+The shard's owner saves a snapshot (:mod:`calor.server.storage.snapshot`) every so many
+log entries as the object ``shard-K`` of the bucket ``calor_snapshots`` (its write-log
+position in the object's description), then trims the log up to the snapshot before it:
+a node that follows the log within one snapshot's distance never needs more than the
+tail. A node whose store is empty, or behind the log's beginning, loads the snapshot and
+follows the tail from there.
 """
 
 from __future__ import annotations
