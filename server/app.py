@@ -27,7 +27,7 @@ from calor.server.api import auth_file
 from calor.server.api.access import AccessControl, loopback
 from calor.server.api.cluster_keys import ClusterKeys
 from calor.server.api.decoding import DecodingInterceptor
-from calor.server.api.forwarding import ForwardingInterceptor
+from calor.server.api.forwarding import Fanout, ForwardingInterceptor
 from calor.server.api.limits import LimitsInterceptor
 from calor.server.api.observe import Observer
 from calor.server.api.runtime import Runtime
@@ -166,14 +166,16 @@ class CalorServer:
         layers = [Observer(self.metrics), self._access, self.limits, DecodingInterceptor()]
         return [*layers, self._forwarding] if self.config.cluster else layers
 
-    def _place(self, method: str, request: Any, forwarded: bool) -> Callable[..., Any] | str:
+    def _place(
+        self, method: str, request: Any, forwarded: bool, shard: int | None
+    ) -> Callable[..., Any] | str | Fanout:
         """Cluster mode: where a call goes (see :meth:`ClusterHost.place`); a
         subscription is answered here, from the cluster's events stream."""
         if self._cluster is None:
             raise UnavailableError("the server is starting: it is joining the cluster")
         if method == _SUBSCRIBE:
             return self._shard.trigger_api.Subscribe
-        return self._cluster.place(method, request, forwarded)
+        return self._cluster.place(method, request, forwarded, shard)
 
     def _access_control(self) -> AccessControl:
         """The keys of ``config.auth_file``; without one, open, and on loopback only.

@@ -18,7 +18,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from calor.server.api.routing import channels_of, method_name, shard_of
+from calor.server.api.forwarding import Fanout
+from calor.server.api.routing import FANNED_OUT, channels_of, merge, method_name, shard_of
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.events import ClusterEvents
 from calor.server.cluster.members import Members, share
@@ -318,9 +319,12 @@ class ClusterHost:
                 )
             await _wait(self._stopping, _BALANCE_SECONDS)
 
-    def place(self, method: str, request: Any, forwarded: bool) -> Callable[..., Any] | str:
-        """Where the call goes: the behaviour that answers it here, or the address of
-        the node that owns its shard.
+    def place(
+        self, method: str, request: Any, forwarded: bool, shard: int | None = None
+    ) -> Callable[..., Any] | str | Fanout:
+        """Where the call goes: the behaviour that answers it here, the address of the
+        node that owns its shard, or every shard's owner (a call naming no channel that
+        every shard answers; ``shard``: the one such a call was asked of).
 
         Raises:
             FailedPreconditionError: The call names channels of several shards.
@@ -328,11 +332,20 @@ class ClusterHost:
                 forwarded here and this node no longer serves it.
         """
         name = method_name(method)
-        index = self.shard_of(method, request)
+        channels = channels_of(name, request)
+        if shard is not None and 0 <= shard < len(self._slots):
+            index = shard
+        elif channels is None and name in FANNED_OUT and len(self._slots) > 1:
+            return Fanout(
+                tuple((slot.index, self._address(slot)) for slot in self._slots),
+                partial(merge, name, request),
+            )
+        else:
+            index = self._shard_for(name, channels)
         slot = self._slots[index]
-        shard = slot.shard
-        if shard is not None:
-            return self._answer(slot, shard, method, name)
+        served = slot.shard
+        if served is not None:
+            return self._answer(slot, served, method, name)
         replica = slot.replica
         owner = replica.owner() if replica is not None else None
         if forwarded or owner is None:
@@ -349,6 +362,21 @@ class ClusterHost:
         """
         name = method_name(method)
         return self._shard_for(name, channels_of(name, request))
+
+    def _address(self, slot: _Slot) -> str:
+        """Where the shard is served: this node, or its owner.
+
+        Raises:
+            UnavailableError: No node serves it right now.
+        """
+        if slot.shard is not None:
+            return self.me.address
+        owner = slot.replica.owner() if slot.replica is not None else None
+        if owner is None:
+            raise UnavailableError(
+                f"shard {slot.index} has no owner right now (a node is taking it over): call again"
+            )
+        return owner.address
 
     def _shard_for(self, name: str, channels: tuple[str, ...] | None) -> int:
         count = len(self._slots)

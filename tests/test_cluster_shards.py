@@ -229,3 +229,50 @@ def test_one_subscription_follows_every_shard_and_resumes_on_another_node(
                 break
             assert time.monotonic() < give_up, "the quoting event stayed in the events stream"
             time.sleep(0.2)
+
+
+def test_triggers_named_by_id_or_listed_without_a_channel_are_asked_of_every_shard(
+    nats: NatsServers, tmp_path: Path
+) -> None:
+    watched = CHANNELS[1:5]
+    assert len({shard_of(channel, SHARDS) for channel in watched}) > 1
+    with (
+        ShardNode(nats, tmp_path / "a", "a") as a,
+        ShardNode(nats, tmp_path / "b", "b") as b,
+    ):
+        balanced([a, b])
+        for channel in watched:
+            trigger = tpb.Trigger(
+                id=f"watch-{channel}",
+                channel=channel,
+                event=tpb.EVENT_KIND_ON_STORE,
+                action=tpb.ACTION_KIND_NOTIFY,
+                config={"message": "seen"},
+            )
+            request = tpb.CreateTriggerRequest(trigger=trigger)
+            retrying(lambda request=request: b.triggers.CreateTrigger(request, timeout=TIMEOUT))
+        listed: list[str] = []
+        token = ""
+        while True:  # pages of 2 over every shard's triggers, in id order, none twice
+            ask = tpb.ListTriggersRequest(page_size=2, page_token=token)
+            page = retrying(lambda ask=ask: a.triggers.ListTriggers(ask, timeout=TIMEOUT))
+            assert len(page.triggers) <= 2
+            listed += [trigger.id for trigger in page.triggers]
+            token = page.next_page_token
+            if not token:
+                break
+        assert {f"watch-{channel}" for channel in watched} <= set(listed)
+        assert listed == sorted(set(listed))
+        a.store_in(watched[0], "Something the watch sees.")
+        history = tpb.TriggerHistoryRequest(trigger_id=f"watch-{watched[0]}")
+        give_up = time.monotonic() + 10
+        while not retrying(lambda: b.triggers.TriggerHistory(history, timeout=TIMEOUT)).firings:
+            assert time.monotonic() < give_up, "the trigger's firing was not found"
+            time.sleep(0.1)
+        delete = tpb.DeleteTriggerRequest(id=f"watch-{watched[1]}")
+        assert retrying(lambda: a.triggers.DeleteTrigger(delete, timeout=TIMEOUT)).deleted
+        with pytest.raises(grpc.RpcError) as gone:
+            a.triggers.DeleteTrigger(delete, timeout=TIMEOUT)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+        remaining = a.triggers.ListTriggers(tpb.ListTriggersRequest(), timeout=TIMEOUT)
+        assert f"watch-{watched[1]}" not in {t.id for t in remaining.triggers}

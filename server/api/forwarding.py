@@ -11,7 +11,9 @@ shard does not forward it again. Every answer of a forwarded call carries
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -21,10 +23,12 @@ from calor.server.api.decoding import HANDLER_KINDS
 from calor.server.api.rpc import abort_with
 from calor.server.errors import CalorError, FailedPreconditionError
 
-__all__ = ["FORWARDED_BY", "OWNER", "ForwardingInterceptor", "Place"]
+__all__ = ["FORWARDED_BY", "OWNER", "SHARD", "Fanout", "ForwardingInterceptor", "Place"]
 
 FORWARDED_BY = "calor-forwarded-by"
 OWNER = "calor-owner"
+SHARD = "calor-shard"
+"""The shard a call that every shard answers is asked of, in the call to its owner."""
 _Context = grpc.aio.ServicerContext[Any, Any]
 _DROPPED = ("user-agent", "grpc-", ":")
 # The channel's call of each kind, by (request streaming, response streaming).
@@ -40,10 +44,21 @@ def _serialize(message: Any) -> bytes:
     return cast(bytes, message.SerializeToString())
 
 
-Place = Callable[[str, Any, bool], Callable[..., Any] | str]
-"""Where a call goes, from its method, its (first) request, and whether another node
-forwarded it here: the behaviour that answers it here, or the address of the node that
-does. A :class:`CalorError` refuses the call."""
+@dataclass(frozen=True)
+class Fanout:
+    """A call every shard answers: each shard's owner (this node's own address for a
+    shard it serves) is asked, and ``merge`` makes one reply of the answers that were
+    not NOT_FOUND (serialized)."""
+
+    targets: tuple[tuple[int, str], ...]
+    merge: Callable[[list[bytes]], Any]
+
+
+Place = Callable[[str, Any, bool, int | None], Callable[..., Any] | str | Fanout]
+"""Where a call goes, from its method, its (first) request, whether another node
+forwarded it here, and the shard it was asked of (a fanned-out call): the behaviour that
+answers it here, the address of the node that does, or every shard's. A
+:class:`CalorError` refuses the call."""
 
 
 class ForwardingInterceptor(grpc.aio.ServerInterceptor):
@@ -81,6 +96,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
 
             async def streaming(request: Any, context: _Context) -> AsyncIterator[Any]:
                 request, target = await where(request, context)
+                assert not isinstance(target, Fanout)  # only unary calls are fanned out
                 if not isinstance(target, str):
                     async for response in target(request, context):
                         yield response
@@ -98,6 +114,8 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
 
             async def answering(request: Any, context: _Context) -> Any:
                 request, target = await where(request, context)
+                if isinstance(target, Fanout):
+                    return await self._fan_out(target, method, handler, request, context)
                 if not isinstance(target, str):
                     response = await target(request, context)
                     await _refuse_unalike(request, context)
@@ -120,16 +138,49 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=lambda r: r if isinstance(r, bytes) else original(r),
         )
 
+    async def _fan_out(
+        self,
+        fanout: Fanout,
+        method: str,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        request: Any,
+        context: _Context,
+    ) -> Any:
+        """Ask every shard's owner at once, and merge what they answer."""
+        calls = [
+            self._call(address, method, handler, request, context, shard)
+            for shard, address in fanout.targets
+        ]
+        answers: list[bytes] = []
+        for (_, address), answer in zip(
+            fanout.targets, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(answer, grpc.aio.AioRpcError):
+                if answer.code() != grpc.StatusCode.NOT_FOUND:
+                    await _relay_failure(answer, context, address)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                answers.append(answer)
+        try:
+            return fanout.merge(answers)
+        except CalorError as error:
+            await abort_with(context, error)
+            raise  # not reached: abort raises
+
     async def _where(
         self, method: str, streaming_in: bool, request: Any, context: _Context
-    ) -> tuple[Any, Callable[..., Any] | str]:
+    ) -> tuple[Any, Callable[..., Any] | str | Fanout]:
         """The request (a stream's first message put back) and where the call goes."""
         first = request
         if streaming_in:
             first, request = await _peek(request)
-        forwarded = any(key == FORWARDED_BY for key, _ in context.invocation_metadata() or ())
+        metadata = dict(context.invocation_metadata() or ())
+        forwarded = FORWARDED_BY in metadata
+        asked = str(metadata.get(SHARD, ""))
+        shard = int(asked) if forwarded and asked.isdigit() else None
         try:
-            target = self._place(method, first, forwarded)
+            target = self._place(method, first, forwarded, shard)
         except CalorError as error:
             await abort_with(context, error)
             raise  # not reached: abort raises
@@ -144,6 +195,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         handler: grpc.RpcMethodHandler[Any, Any],
         request: Any,
         context: _Context,
+        shard: int | None = None,
     ) -> Any:
         channel = self._channels.get(target)
         if channel is None:
@@ -158,6 +210,8 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
             if not key.startswith(_DROPPED)
         ]
         metadata.append((FORWARDED_BY, self._node_id))
+        if shard is not None:
+            metadata.append((SHARD, str(shard)))
         remaining = context.time_remaining()
         timeout = remaining if remaining is not None and remaining < 1e6 else None
         kind = _CALL_KINDS[(handler.request_streaming, handler.response_streaming)]

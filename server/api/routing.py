@@ -6,7 +6,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-__all__ = ["channels_of", "method_name", "shard_of"]
+from calor.server.api.wire import encode_page_token
+from calor.server.errors import NotFoundError
+from calor.v1 import trigger_service_pb2 as tpb
+
+__all__ = ["FANNED_OUT", "channels_of", "merge", "method_name", "shard_of"]
 
 
 def shard_of(channel: str, shards: int) -> int:
@@ -40,3 +44,34 @@ def channels_of(name: str, request: Any) -> tuple[str, ...] | None:
     if name in ("ListTriggers", "TriggerHistory"):
         return (request.channel,) if request.channel else None
     return (str(request.channel),)
+
+
+FANNED_OUT = frozenset({"DeleteTrigger", "ListTriggers", "TriggerHistory"})
+"""Calls that, naming no channel, every shard answers (a trigger named by its id alone,
+or every channel's triggers), their answers merged by :func:`merge`."""
+
+
+def merge(name: str, request: Any, answers: list[bytes]) -> Any:
+    """One reply from the answers of every shard to a call of :data:`FANNED_OUT` (those
+    that did not answer NOT_FOUND).
+
+    Raises:
+        NotFoundError: No shard holds the trigger ``DeleteTrigger`` names.
+    """
+    if name == "DeleteTrigger":
+        if not any(tpb.DeleteTriggerResponse.FromString(a).deleted for a in answers):
+            raise NotFoundError(f"no trigger {request.id}")
+        return tpb.DeleteTriggerResponse(deleted=True)
+    if name == "TriggerHistory":  # one shard holds the trigger: the others have no firings
+        histories = [tpb.TriggerHistoryResponse.FromString(a) for a in answers]
+        held = [h for h in histories if h.firings] or [tpb.TriggerHistoryResponse()]
+        return held[0]
+    pages = [tpb.ListTriggersResponse.FromString(a) for a in answers]
+    every = sorted((t for page in pages for t in page.triggers), key=lambda t: t.id)
+    # A shard with more to list may hold ids past its page's last: the page stops there.
+    bounds = [page.triggers[-1].id for page in pages if page.next_page_token and page.triggers]
+    bound = min(bounds, default=None)
+    shown = [t for t in every if bound is None or t.id <= bound][: request.page_size or 100]
+    more = len(shown) < len(every) or bound is not None
+    token = encode_page_token(shown[-1].id) if more and shown else ""
+    return tpb.ListTriggersResponse(triggers=shown, next_page_token=token)
