@@ -136,8 +136,13 @@ class ClusterEvents:
                 await asyncio.sleep(_RETRY_SECONDS)
 
     async def record(self, shard: int, seq: int) -> None:
-        """Record ``seq`` as the last of ``shard``'s events published."""
-        await self._nats.call(self._cursors.put(f"shard-{shard}", str(seq).encode()))
+        """Record ``seq`` as the last of ``shard``'s events published; when NATS cannot
+        take it now, a later event's number is recorded instead (a new owner offers
+        again what it cannot know was published, and the stream keeps it once)."""
+        try:
+            await self._nats.call(self._cursors.put(f"shard-{shard}", str(seq).encode()))
+        except Exception:
+            log.warning("shard %d: its published events' place not recorded", shard)
 
     async def forget(
         self, shard: int, memories: Iterable[tuple[str, str]], channels: Iterable[str]
