@@ -393,18 +393,29 @@ class Drill:
         return time.monotonic() - started
 
     def _stored(self, number: int) -> dict[str, list[tuple[str, str]]]:
-        """Every live memory of each drill channel, as node ``number`` answers."""
+        """Every live memory of each drill channel, as node ``number`` answers (asked
+        again while a shard is between owners: a node that came back takes its share)."""
         found: dict[str, list[tuple[str, str]]] = {}
         for channel in CHANNELS:
             token, found[channel] = "", []
             while True:
                 request = pb.ListMemoriesRequest(channel=channel, page_size=1000, page_token=token)
-                page = self._nodes.memory[number].ListMemories(request, timeout=60.0)
+                page = self._list(number, request)
                 found[channel] += [(m.id, m.text) for m in page.memories]
                 token = page.next_page_token
                 if not token:
                     break
         return found
+
+    def _list(self, number: int, request: pb.ListMemoriesRequest) -> pb.ListMemoriesResponse:
+        give_up = time.monotonic() + _ANSWER_SECONDS
+        while True:
+            try:
+                return self._nodes.memory[number].ListMemories(request, timeout=_CALL_SECONDS)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > give_up:
+                    raise
+            time.sleep(0.1)
 
     def _wait_for_events(self, follower: _Follower, seconds: float = 60.0) -> None:
         """Let the subscriber catch up with the stores made (and not told) last, and with
