@@ -115,8 +115,13 @@ cluster {{
 """
         )
         with (self.root / f"{name}.log").open("ab") as log:  # the child keeps its own copy
+            # A session of its own: Ctrl-C reaches the nodes, which stop on it while NATS
+            # is still there (their leases given up); the NATS servers stop after them.
             self.processes[number] = subprocess.Popen(
-                [nats_server_binary(), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
+                [nats_server_binary(), "-c", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def kill(self, number: int) -> None:
