@@ -14,6 +14,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,11 @@ class ClusterHost:
         self._handed_over_at = 0.0
         self._over_since: float | None = None  # since when it owns more than its share
         self._purges: set[asyncio.Future[None]] = set()  # of events quoting forgotten memories
+        # Its own threads for what waits on NATS (a shard's follower waits as long as an
+        # election lasts): the loop's default pool, a few threads, is not held up by it.
+        self._blocking = ThreadPoolExecutor(
+            max_workers=2 * config.shards + 4, thread_name_prefix="calor-cluster"
+        )
 
     @classmethod
     def join(cls, config: ServerConfig, me: Owner) -> ClusterHost:
@@ -164,7 +170,7 @@ class ClusterHost:
         lease is lost, the shard handed over, or the node stops."""
         loop, config, index = asyncio.get_running_loop(), self.config, slot.index
         directory = config.data_dir / "shards" / str(index)
-        store = slot.store = await loop.run_in_executor(None, open_store, directory)
+        store = slot.store = await loop.run_in_executor(self._blocking, open_store, directory)
         shard: Shard | None = None
         publishing: asyncio.Task[None] | None = None
         slot.leave = leave = asyncio.Event()
@@ -179,7 +185,7 @@ class ClusterHost:
                 lease_seconds=config.lease_seconds,
                 wants=self._wants,
             )
-            replica = slot.replica = await loop.run_in_executor(None, join)
+            replica = slot.replica = await loop.run_in_executor(self._blocking, join)
 
             def lost() -> None:  # heard on the replica's lease thread
                 loop.call_soon_threadsafe(leave.set)
@@ -187,12 +193,12 @@ class ClusterHost:
             replica.on_lost = lost
             replica.start()
             while not replica.owning:  # follow the log meanwhile: a takeover is short
-                await loop.run_in_executor(None, replica.keep_up, store)
+                await loop.run_in_executor(self._blocking, replica.keep_up, store)
                 if self._stopping.is_set():
                     return
                 await _wait(leave, 0.5)
             started = time.monotonic()
-            applied = await loop.run_in_executor(None, replica.take_over, store)
+            applied = await loop.run_in_executor(self._blocking, replica.take_over, store)
             shard = await serve(store, directory)
             replica.keep_snapshots(store, config.snapshot_entries)
             publishing = asyncio.create_task(
@@ -219,7 +225,7 @@ class ClusterHost:
                 await shard.stop_serving()
                 await self._drained(slot)
             if slot.replica is not None:
-                await loop.run_in_executor(None, slot.replica.close)
+                await loop.run_in_executor(self._blocking, slot.replica.close)
                 slot.replica = None
             slot.store = None
             if shard is not None:
@@ -235,7 +241,7 @@ class ClusterHost:
         loop, index, events = asyncio.get_running_loop(), slot.index, self.events
         recording: asyncio.Task[None] | None = None
         while True:
-            slot.published = await loop.run_in_executor(None, events.published, index)
+            slot.published = await loop.run_in_executor(self._blocking, events.published, index)
             try:
                 hub = shard.triggers.hub.subscribe(EventFilter(), slot.published, from_oldest=True)
                 async for event in hub:
@@ -290,7 +296,7 @@ class ClusterHost:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             try:
-                members = await loop.run_in_executor(None, self._members.renew)
+                members = await loop.run_in_executor(self._blocking, self._members.renew)
                 self._target = share(self.me.node_id, members, len(self._slots))
                 owned = [slot for slot in self._slots if slot.shard is not None]
                 now = time.monotonic()
@@ -449,10 +455,11 @@ class ClusterHost:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, self._members.leave)
+            await loop.run_in_executor(self._blocking, self._members.leave)
         except Exception:
             log.warning("node %s could not leave the members", self.me.node_id)
-        await loop.run_in_executor(None, self._nats.close)
+        await loop.run_in_executor(self._blocking, self._nats.close)
+        self._blocking.shutdown(wait=False)
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
