@@ -352,13 +352,9 @@ class ClusterHost:
         served = slot.shard
         if served is not None:
             return self._answer(slot, served, method, name)
-        replica = slot.replica
-        owner = replica.owner() if replica is not None else None
-        if forwarded or owner is None:
-            raise UnavailableError(
-                f"shard {index} has no owner right now (a node is taking it over): call again"
-            )
-        return owner.address
+        if forwarded:  # here as to the owner, which this node is no longer
+            raise _no_owner(index)
+        return self._owner_address(slot)
 
     def shard_of(self, method: str, request: Any) -> int:
         """The shard a call goes to, from its (first) request.
@@ -375,13 +371,18 @@ class ClusterHost:
         Raises:
             UnavailableError: No node serves it right now.
         """
-        if slot.shard is not None:
-            return self.me.address
+        return self.me.address if slot.shard is not None else self._owner_address(slot)
+
+    @staticmethod
+    def _owner_address(slot: _Slot) -> str:
+        """The address of the other node that owns the shard.
+
+        Raises:
+            UnavailableError: No node owns it right now.
+        """
         owner = slot.replica.owner() if slot.replica is not None else None
         if owner is None:
-            raise UnavailableError(
-                f"shard {slot.index} has no owner right now (a node is taking it over): call again"
-            )
+            raise _no_owner(slot.index)
         return owner.address
 
     def _shard_for(self, name: str, channels: tuple[str, ...] | None) -> int:
@@ -460,6 +461,12 @@ class ClusterHost:
             log.warning("node %s could not leave the members", self.me.node_id)
         await loop.run_in_executor(self._blocking, self._nats.close)
         self._blocking.shutdown(wait=False)
+
+
+def _no_owner(index: int) -> UnavailableError:
+    return UnavailableError(
+        f"shard {index} has no owner right now (a node is taking it over): call again"
+    )
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

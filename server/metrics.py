@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -109,6 +110,16 @@ def sum_counts(parts: list[ServerCounts]) -> ServerCounts:
     )
 
 
+def _labelled(
+    name: str, documentation: str, label: str, samples: Mapping[Any, float]
+) -> GaugeMetricFamily:
+    """A gauge with one sample per value of ``label`` (the keys of ``samples``, sorted)."""
+    gauge = GaugeMetricFamily(name, documentation, labels=[label])
+    for key, value in sorted(samples.items()):
+        gauge.add_metric([str(key)], value)
+    return gauge
+
+
 class _ClusterCollector(Collector):
     """Reads :class:`ClusterCounts` at each scrape."""
 
@@ -117,23 +128,19 @@ class _ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counts = self._counts()
-        owner = GaugeMetricFamily(
+        yield _labelled(
             "calor_cluster_owner",
             "1 while this node owns the shard and writes its log; 0 while it forwards.",
-            labels=["shard"],
+            "shard",
+            {shard: int(owned) for shard, owned in counts.owned.items()},
         )
-        for shard, owned in sorted(counts.owned.items()):
-            owner.add_metric([str(shard)], int(owned))
-        yield owner
-        position = GaugeMetricFamily(
+        yield _labelled(
             "calor_cluster_log_position",
             "The last write-log entry this node's store of the shard holds (behind the "
             "owner's: the entries it has still to follow).",
-            labels=["shard"],
+            "shard",
+            counts.log_positions,
         )
-        for shard, at in sorted(counts.log_positions.items()):
-            position.add_metric([str(shard)], at)
-        yield position
 
 
 class _CountsCollector(Collector):
@@ -144,14 +151,12 @@ class _CountsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counts = self._counts()
-        memories = GaugeMetricFamily(
+        yield _labelled(
             "calor_memory_records",
             "Memories held, per state, over every channel.",
-            labels=["state"],
+            "state",
+            counts.memories_by_state,
         )
-        for state, count in sorted(counts.memories_by_state.items()):
-            memories.add_metric([state], count)
-        yield memories
         yield GaugeMetricFamily(
             "calor_channels", "Channels holding at least one memory.", value=counts.channels
         )
