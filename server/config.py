@@ -105,8 +105,9 @@ class ServerConfig:
         peer_ca: PEM certificates of the CAs that sign the other nodes' certificates
             (cluster mode with TLS: a node forwards to another over TLS, trusting
             these, ``tls_client_ca`` if None, and presenting its own certificate).
-        snapshot_entries: Write-log entries between two snapshots of a shard's store;
-            the log keeps those since the snapshot before the last one.
+        snapshot_entries: How far the write stream moves on (every shard's entries)
+            between two snapshots of a shard's store; the stream keeps the shard's
+            entries since the snapshot before the last one.
         shards: How many shards a cluster's channels are spread over (a stable hash of
             the channel's name picks one); every node of a cluster must say the same.
     """

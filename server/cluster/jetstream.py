@@ -1,12 +1,19 @@
-"""A shard's write log on a NATS JetStream stream (``CALOR_WRITES_K``), replicated by
-its servers (Raft).
+"""A shard's write log on the cluster's write stream (``CALOR_WRITES``), replicated by
+the NATS JetStream servers (Raft).
 
-Each commit is one message on the stream's write subject (``calor.writes.K``). It is
-published with a message id (so that a retry after a lost answer is deduplicated: JetStream answers
-with the first copy's position) and with the position the writer last saw
+Every shard's commits go to one stream, each shard on a subject of its own
+(``calor.writes.K``): one Raft group for every write, so a NATS server's death makes
+writes wait for one leader election at most, however many shards there are. A
+shard's positions are the stream's sequence numbers of its messages (not contiguous).
+
+Each commit is one message. It is published with a message id (so that a retry after
+a lost answer is deduplicated: JetStream answers with the first copy's position) and
+with the position of the shard's entry the writer last saw
 (``Nats-Expected-Last-Subject-Sequence``), so a writer that has not seen every entry
-before its own is refused instead of forking the history. :meth:`JetStreamLog.append`
-blocks the committing thread until the stream acknowledges (or refuses) the entry.
+before its own is refused instead of forking the history. The stream keeps that header
+with each message, so a reader can tell an entry's predecessor and knows when entries
+it has not read were trimmed. :meth:`JetStreamLog.append` blocks the committing thread
+until the stream acknowledges (or refuses) the entry.
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ __all__ = ["JetStreamLog"]
 
 log = logging.getLogger(__name__)
 
-_STREAM = "CALOR_WRITES_{shard}"
+_STREAM = "CALOR_WRITES"
 _WRITES = "calor.writes.{shard}"
 """The subject every commit of a shard is published on."""
+_EVERY_SHARD = "calor.writes.*"
+_AFTER = "Nats-Expected-Last-Subject-Sequence"
 
 # JetStream's error code for an expected-last-sequence check that failed.
 _WRONG_LAST_SEQUENCE = 10071
@@ -44,19 +53,19 @@ _FETCH = 256
 
 
 class JetStreamLog:
-    """The write log (:class:`calor.server.storage.logged.WriteLog`) on a JetStream
-    stream with ``replicas`` copies."""
+    """Shard ``shard``'s write log (:class:`calor.server.storage.logged.WriteLog`) on the
+    cluster's write stream."""
 
     def __init__(self, nats: NatsConnection, shard: int) -> None:
         self._nats = nats
         self._js = nats.js
-        self.stream = _STREAM.format(shard=shard)
+        self.stream = _STREAM
         self._subject = _WRITES.format(shard=shard)
 
     @classmethod
     def open(cls, nats: NatsConnection, shard: int, *, replicas: int = 3) -> JetStreamLog:
-        """Shard ``shard``'s write log on ``nats``, its stream made if it does not exist
-        yet.
+        """Shard ``shard``'s write log on ``nats``, the write stream made if it does not
+        exist yet.
 
         Raises:
             UnavailableError: JetStream could not make the stream in time (too few
@@ -73,7 +82,7 @@ class JetStreamLog:
         except NotFoundError:
             config = StreamConfig(
                 name=self.stream,
-                subjects=[self._subject],
+                subjects=[_EVERY_SHARD],
                 num_replicas=replicas,
                 storage=StorageType.FILE,
                 duplicate_window=_DEDUPLICATE_SECONDS,
@@ -94,7 +103,7 @@ class JetStreamLog:
         ``retry_seconds``: an entry the stream did take is found, not written twice."""
         headers = {
             "Nats-Msg-Id": uuid.uuid4().hex,
-            "Nats-Expected-Last-Subject-Sequence": str(after),
+            _AFTER: str(after),
         }
         ack = self._nats.persist(lambda: self._publish(entry, headers), "append a write")
         return int(ack.seq)
@@ -111,29 +120,36 @@ class JetStreamLog:
             raise
 
     def entries_after(self, position: int) -> Iterator[tuple[int, bytes]]:
-        """See :meth:`calor.server.storage.logged.WriteLog.entries_after`."""
-        first, last = self.bounds()
-        if position < last and position + 1 < first:
-            raise LogTrimmedError(
-                f"the write log begins at entry {first}, after this node's {position}"
-            )
+        """See :meth:`calor.server.storage.logged.WriteLog.entries_after`. Each entry
+        names the one before it; an entry naming another than the last one read means
+        the ones between were trimmed."""
+        last = self.last()
         seen = position
         while seen < last:
             chunk = self._nats.persist(partial(self._chunk, seen + 1), "read the write log")
-            if chunk and chunk[0][0] != seen + 1:  # trimmed while it was read
-                raise LogTrimmedError(f"the write log no longer holds entry {seen + 1}")
-            for seen, data in chunk:
-                yield seen, data
+            if not chunk:
+                return
+            for number, after, data in chunk:
+                if after is not None and after != seen:
+                    raise LogTrimmedError(
+                        f"the write log no longer holds the entries between {seen} and "
+                        f"{number} (trimmed past this node's position)"
+                    )
+                seen = number
+                yield number, data
 
     def trim(self, through: int) -> None:
-        """Drop the entries before position ``through`` (a snapshot holds them); the
-        entry at ``through`` stays, the last one a writer's fence can name."""
+        """Drop the shard's entries before position ``through`` (a snapshot holds them);
+        the entry at ``through`` stays, the last one a writer's fence can name."""
         self._nats.persist(
-            lambda: self._js.purge_stream(self.stream, seq=through), "trim the write log"
+            lambda: self._js.purge_stream(self.stream, seq=through, subject=self._subject),
+            "trim the write log",
         )
 
-    async def _chunk(self, start: int) -> list[tuple[int, bytes]]:
-        """The entries from position ``start`` on, as many as one fetch brings."""
+    async def _chunk(self, start: int) -> list[tuple[int, int | None, bytes]]:
+        """The shard's entries from position ``start`` on, as many as one fetch brings:
+        each with its position and the position of the entry before it (``None`` when
+        the message does not say)."""
         subscription = await self._js.pull_subscribe(
             self._subject,
             stream=self.stream,
@@ -148,13 +164,37 @@ class JetStreamLog:
             messages = await subscription.fetch(_FETCH, timeout=self._nats.timeout)
         finally:
             await subscription.unsubscribe()
-        return [(message.metadata.sequence.stream, message.data) for message in messages]
+        return [
+            (message.metadata.sequence.stream, _after(message.headers), message.data)
+            for message in messages
+        ]
 
     def bounds(self) -> tuple[int, int]:
-        """The positions of the log's first and last entries."""
+        """The positions of the shard's first and last entries (0, 0 before its first)."""
 
-        async def read() -> tuple[int, int]:
-            info = await self._js.stream_info(self.stream)
-            return int(info.state.first_seq), int(info.state.last_seq)
+        async def first() -> int:
+            try:
+                message = await self._js.get_msg(self.stream, 1, self._subject, next=True)
+            except NotFoundError:
+                return 0
+            return int(message.seq or 0)
 
-        return self._nats.persist(read, "read the write log's bounds")
+        return self._nats.persist(first, "read the write log's beginning"), self.last()
+
+    def last(self) -> int:
+        """The position of the shard's last entry (0 before its first)."""
+
+        async def read() -> int:
+            try:
+                message = await self._js.get_last_msg(self.stream, self._subject)
+            except NotFoundError:
+                return 0
+            return int(message.seq or 0)
+
+        return self._nats.persist(read, "read the write log's end")
+
+
+def _after(headers: dict[str, str] | None) -> int | None:
+    """The position an entry was appended after, from its headers."""
+    named = (headers or {}).get(_AFTER)
+    return int(named) if named is not None else None

@@ -277,7 +277,7 @@ class ShardReplica:
         if store is None or not self._lease.acquire():
             return False
         with store.commits_held():  # an append of this node's in flight lands first
-            written_elsewhere = self.write_log.bounds()[1] != store.log_position
+            written_elsewhere = self.write_log.last() != store.log_position
         if written_elsewhere:
             self._lease.release()
             return False
