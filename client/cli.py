@@ -510,7 +510,7 @@ def _parser() -> argparse.ArgumentParser:
         "--snapshot-entries",
         type=_at_least_one,
         metavar="N",
-        help="how far the write stream moves on between snapshots of a shard's store (default 10000)",
+        help="write-stream positions between snapshots of a shard's store (default 10000)",
     )
     serve.add_argument(
         "--shards",
