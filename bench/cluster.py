@@ -46,7 +46,8 @@ from corpus import build_corpus
 from throughput import machine_info, recall_times, store_times, summarize, write_results
 
 from calor.server.api.routing import shard_of
-from calor.server.cluster.drill import Drill, owns_the_store
+from calor.server.cluster.drill import Drill
+from calor.server.cluster.drill_load import owns_the_store
 from calor.server.cluster.local import LocalCluster
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import memory_service_pb2_grpc as pb_grpc

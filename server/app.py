@@ -27,7 +27,7 @@ from calor.server.api import auth_file
 from calor.server.api.access import AccessControl, loopback
 from calor.server.api.cluster_keys import ClusterKeys
 from calor.server.api.decoding import DecodingInterceptor
-from calor.server.api.forwarding import Fanout, ForwardingInterceptor
+from calor.server.api.forwarding import Fanout, ForwardingInterceptor, Gather
 from calor.server.api.limits import LimitsInterceptor
 from calor.server.api.observe import Observer
 from calor.server.api.runtime import Runtime
@@ -168,7 +168,7 @@ class CalorServer:
 
     def _place(
         self, method: str, request: Any, forwarded: bool, shard: int | None
-    ) -> Callable[..., Any] | str | Fanout:
+    ) -> Callable[..., Any] | str | Fanout | Gather:
         """Cluster mode: where a call goes (see :meth:`ClusterHost.place`); a
         subscription is answered here, from the cluster's events stream."""
         if self._cluster is None:

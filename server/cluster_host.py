@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from calor.server.api.forwarding import Fanout
+from calor.server.api.forwarding import Fanout, Gather
 from calor.server.api.routing import FANNED_OUT, channels_of, merge, method_name, shard_of
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.events import ClusterEvents
@@ -37,6 +37,7 @@ from calor.server.metrics import ClusterCounts, ServerCounts, sum_counts
 from calor.server.shard import Shard
 from calor.server.storage.store import MemoryStore
 from calor.triggers.subscriptions import EventFilter
+from calor.v1 import memory_service_pb2 as pb
 
 OpenStore = Callable[[Path], MemoryStore]
 """Opens (or makes) a shard's store in a directory (blocking)."""
@@ -49,6 +50,7 @@ log = logging.getLogger("calor.server")
 
 _BALANCE_SECONDS = 1.0
 _HANDOVER_SECONDS = 1.0
+_INSPECT = "/calor.v1.MemoryService/Inspect"
 """How long a node waits after handing a shard over before it hands over another."""
 
 
@@ -327,13 +329,15 @@ class ClusterHost:
 
     def place(
         self, method: str, request: Any, forwarded: bool, shard: int | None = None
-    ) -> Callable[..., Any] | str | Fanout:
+    ) -> Callable[..., Any] | str | Fanout | Gather:
         """Where the call goes: the behaviour that answers it here, the address of the
-        node that owns its shard, or every shard's owner (a call naming no channel that
-        every shard answers; ``shard``: the one such a call was asked of).
+        node that owns its shard, every shard's owner (a call naming no channel that
+        every shard answers; ``shard``: the one such a call was asked of), or, for a
+        recall naming channels of other shards, this node with their owners' hits.
 
         Raises:
-            FailedPreconditionError: The call names channels of several shards.
+            FailedPreconditionError: The call names channels of several shards (other
+                than a recall).
             UnavailableError: No node serves the shard right now, or the call was
                 forwarded here and this node no longer serves it.
         """
@@ -346,12 +350,58 @@ class ClusterHost:
                 tuple((slot.index, self._address(slot)) for slot in self._slots),
                 partial(merge, name, request),
             )
+        elif name == "Recall" and len(self._slots) > 1:
+            return self._recall(method, request, forwarded)
+        elif name == "Share" and len(self._slots) > 1:
+            return self._share(method, request, forwarded)
         else:
             index = self._shard_for(name, channels)
+        return self._served_here(index, method, forwarded)
+
+    def _recall(
+        self, method: str, request: Any, forwarded: bool
+    ) -> Callable[..., Any] | str | Gather:
+        """A recall goes to its own channel's shard; the further channels it names that
+        other shards hold are ranked by their owners (a peek: only the own channel's
+        hits are recalled), and their hits take their place among the shard's."""
+        count = len(self._slots)
+        index = shard_of(request.channel, count)
+        local = self._served_here(index, method, forwarded)
+        others = sorted({shard_of(channel, count) for channel in request.channels} - {index})
+        if isinstance(local, str) or not others:
+            return local
+        asked = pb.RecallRequest()
+        asked.CopyFrom(request)
+        asked.peek = True
+        targets = tuple((other, self._address(self._slots[other])) for other in others)
+        return Gather(targets, asked, local)
+
+    def _share(
+        self, method: str, request: Any, forwarded: bool
+    ) -> Callable[..., Any] | str | Gather:
+        """A share goes to its target channel's shard, which stores the copy; a memory
+        another shard holds is read from its owner (``Inspect``)."""
+        count = len(self._slots)
+        source, index = shard_of(request.channel, count), shard_of(request.target_channel, count)
+        local = self._served_here(index, method, forwarded)
+        if isinstance(local, str) or source == index:
+            return local
+        asked = pb.InspectRequest(channel=request.channel, id=request.id)
+        targets = ((source, self._address(self._slots[source])),)
+        return Gather(targets, asked, local, _INSPECT)
+
+    def _served_here(self, index: int, method: str, forwarded: bool) -> Callable[..., Any] | str:
+        """The behaviour that answers ``method`` for shard ``index`` here, or the address
+        of the node that serves it.
+
+        Raises:
+            UnavailableError: No node serves it right now, or the call was forwarded here
+                and this node no longer serves it.
+        """
         slot = self._slots[index]
         served = slot.shard
         if served is not None:
-            return self._answer(slot, served, method, name)
+            return self._answer(slot, served, method, method_name(method))
         if forwarded:  # here as to the owner, which this node is no longer
             raise _no_owner(index)
         return self._owner_address(slot)

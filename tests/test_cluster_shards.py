@@ -18,6 +18,7 @@ from calor.server.api.routing import shard_of
 from calor.server.cluster.local import NatsServers, free_port
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import trigger_service_pb2 as tpb
+from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from tests.calor_process import CalorProcess
 from tests.cluster_nodes import TIMEOUT, Node, nats_cluster
 
@@ -124,18 +125,13 @@ def test_nodes_share_the_shards_out_answer_for_every_channel_and_take_a_dead_one
                 assert expected <= back.texts_of(channel)
 
 
-def test_a_call_across_shards_is_refused_and_a_node_of_another_shard_count_cannot_join(
+def test_a_stream_across_shards_is_refused_and_a_node_of_another_shard_count_cannot_join(
     nats: NatsServers, tmp_path: Path
 ) -> None:
     first = CHANNELS[0]
     second = next(c for c in CHANNELS if shard_of(c, SHARDS) != shard_of(first, SHARDS))
     with ShardNode(nats, tmp_path / "a", "a") as a:
         balanced([a])  # the only node: it owns every shard
-        request = pb.RecallRequest(channel=first, channels=[second], query="anything")
-        with pytest.raises(grpc.RpcError) as refused:
-            retrying(lambda: a.stub.Recall(request, timeout=TIMEOUT))
-        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "different shards" in (refused.value.details() or "")
         mixed = [
             pb.StoreStreamRequest(
                 store=pb.StoreRequest(channel=channel, text=f"Mixed into {channel}.")
@@ -161,6 +157,111 @@ def test_a_call_across_shards_is_refused_and_a_node_of_another_shard_count_canno
         other.start()
     assert other.wait() == 1
     assert f"the cluster has {SHARDS} shards" in other.log_tail()
+
+
+FACTS = {
+    "ops": [
+        "The deploy pipeline fails when the build cache volume is full.",
+        "Rotate the deploy keys for the staging cluster every ninety days.",
+        "Maria runs the Friday deploy review at four.",
+    ],
+    "infra": [
+        "The cache volume of the build runners holds forty gigabytes.",
+        "A full disk on the build runners stops every deploy pipeline.",
+        "The staging cluster lives in Frankfurt.",
+    ],
+    "people": [
+        "Tom prefers short status reports.",
+        "The deploy pipeline owner is the platform team.",
+        "Lunch is at noon on Tuesdays.",
+    ],
+}
+QUERY = "why does the deploy pipeline fail when the cache is full"
+
+
+def test_recalls_and_shares_across_shards_answer_as_one_node_would(
+    nats: NatsServers, tmp_path: Path
+) -> None:
+    teams = [f"team-{n}" for n in range(12)]  # channels of this test alone
+    own = teams[0]
+    named = [c for c in teams if shard_of(c, SHARDS) != shard_of(own, SHARDS)]
+    further = [
+        named[0],
+        next(c for c in named if shard_of(c, SHARDS) != shard_of(named[0], SHARDS)),
+    ]
+    channels = dict(zip(FACTS, [own, *further], strict=True))
+    # The same memories on one embedded node: how its recall ranks them is the answer.
+    embedded = CalorProcess(tmp_path / "embedded", tmp_path / "embedded.log")
+    embedded.start()
+    try:
+        with grpc.insecure_channel(embedded.target) as connection:
+            alone = MemoryServiceStub(connection)
+            for group, channel in channels.items():
+                for text in FACTS[group]:
+                    alone.Store(pb.StoreRequest(channel=channel, text=text), timeout=TIMEOUT)
+            request = pb.RecallRequest(
+                channel=own, channels=further, query=QUERY, limit=5, peek=True
+            )
+            expected = alone.Recall(request, timeout=TIMEOUT)
+    finally:
+        embedded.close()
+    with (
+        ShardNode(nats, tmp_path / "a", "a") as a,
+        ShardNode(nats, tmp_path / "b", "b") as b,
+        ShardNode(nats, tmp_path / "c", "c") as c,
+    ):
+        nodes = [a, b, c]
+        balanced(nodes)
+        for n, (group, channel) in enumerate(channels.items()):
+            for text in FACTS[group]:
+                nodes[n % 3].store_in(channel, text)
+        # Asked of a node that does not own the recalling channel's shard: forwarded to
+        # its owner, which asks the owners of the further channels' shards.
+        asking = next(n for n in nodes if shard_of(own, SHARDS) not in n.owned())
+        request = pb.RecallRequest(channel=own, channels=further, query=QUERY, limit=5)
+        answer = retrying(lambda: asking.stub.Recall(request, timeout=TIMEOUT))
+        assert [(h.memory.text, h.memory.channel, h.band) for h in answer.hits] == [
+            (h.memory.text, h.memory.channel, h.band) for h in expected.hits
+        ]
+        assert [h.score for h in answer.hits] == pytest.approx(
+            [h.score for h in expected.hits], abs=1e-4
+        )
+        assert {h.memory.channel for h in answer.hits} > {own}  # other shards' hits among them
+        assert answer.recall_id
+        # The recalling channel's best hit was recalled; the other shards' only ranked.
+        counts = {
+            hit.memory.text: asking.stub.Inspect(
+                pb.InspectRequest(channel=hit.memory.channel, id=hit.memory.id), timeout=TIMEOUT
+            ).memory.recall_count
+            for hit in answer.hits
+        }
+        best_own = next(h.memory.text for h in answer.hits if h.memory.channel == own)
+        assert counts[best_own] == 1
+        assert all(counts[h.memory.text] == 0 for h in answer.hits if h.memory.channel != own)
+        # The recall was logged with every hit: feedback may name another shard's.
+        foreign = next(h.memory.id for h in answer.hits if h.memory.channel != own)
+        feedback = pb.FeedbackRequest(
+            channel=own,
+            recall_id=answer.recall_id,
+            rating=pb.FEEDBACK_RATING_HELPFUL,
+            memory_ids=[foreign],
+        )
+        rated = asking.stub.Feedback(feedback, timeout=TIMEOUT)
+        assert sum(rated.helpful_by_type.values()) == 1
+        # A memory shared into a channel of another shard: a copy of its own there.
+        best = answer.hits[0].memory
+        target = next(c for c in further if c != best.channel)
+        share = pb.ShareRequest(channel=best.channel, id=best.id, target_channel=target)
+        copy = asking.stub.Share(share, timeout=TIMEOUT).memory
+        assert (copy.channel, copy.text) == (target, f"[Shared by {best.channel}] {best.text}")
+        assert dict(copy.provenance)["shared_from_id"] == best.id
+        again = pb.RecallRequest(channel=target, query=QUERY, limit=1, peek=True)
+        assert asking.stub.Recall(again, timeout=TIMEOUT).hits[0].memory.id == copy.id
+        forgotten = pb.ForgetRequest(channel=best.channel, ids=[best.id])
+        assert asking.stub.Forget(forgotten, timeout=TIMEOUT).forgotten == 1
+        with pytest.raises(grpc.RpcError) as gone:
+            asking.stub.Share(share, timeout=TIMEOUT)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_one_subscription_follows_every_shard_and_resumes_on_another_node(

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from calor.server.api.wire import full_name, timestamp_message
+from collections.abc import Callable
+
+from calor.server.api.wire import full_name, short_name, timestamp_message
 from calor.server.engine.cards import EntityCard
 from calor.server.engine.context import ContextResult
 from calor.server.engine.dream import DreamReport
 from calor.server.engine.evaluate import Evaluation
 from calor.server.engine.feedback import TypeTally, hint
+from calor.server.engine.recall_log import ForeignHit, LoggedHit, unweighted
 from calor.server.engine.results import ChannelStatus
+from calor.server.engine.share import SharedSource
 from calor.server.engine.tuning import FITTED, TuneReport
+from calor.server.errors import NotFoundError
 from calor.server.recall.ranking import Hit
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import MemoryRecord
 from calor.server.thermo.graph import Edge
 from calor.server.thermo.lifecycle import utility_evidence
+from calor.server.thermo.policy import ChannelPolicy
 from calor.server.thermo.utility import UtilityWeights
 from calor.v1 import memory_pb2, memory_service_pb2
 
@@ -25,8 +31,10 @@ __all__ = [
     "edge_message",
     "feedback_message",
     "evaluation_message",
+    "foreign_hit",
     "hit_message",
     "memory_message",
+    "shared_source",
     "status_message",
     "tune_message",
     "type_feedback",
@@ -104,6 +112,48 @@ def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.Recal
         channel_bonus=hit.channel_bonus,
         lexical=hit.lexical,
         source=hit.source,
+    )
+
+
+def foreign_hit(
+    message: memory_service_pb2.RecallHit, policy_of: Callable[[str], ChannelPolicy]
+) -> ForeignHit:
+    """A hit another shard ranked and answered (``message``), to be ranked and logged
+    among this shard's; ``policy_of`` names the weights its channel ranked with."""
+    memory = message.memory
+    weights = policy_of(memory.channel).weights
+    logged = LoggedHit(
+        memory_id=memory.id,
+        memory_type=short_name("MEMORY_TYPE_", memory_pb2.MemoryType.Name(memory.memory_type)),
+        own=False,
+        score=message.score,
+        band=message.band,
+        similarity=message.similarity,
+        lexical=message.lexical,
+        keyword=message.keyword,
+        heat=message.heat,
+        temporal=unweighted(message.temporal, weights.temporal),
+        source=unweighted(message.source, weights.source),
+    )
+    return ForeignHit(logged, message)
+
+
+def shared_source(memory: memory_pb2.Memory) -> SharedSource:
+    """What a share copies of a memory another shard answered (``Inspect``).
+
+    Raises:
+        NotFoundError: The memory was forgotten.
+    """
+    if memory.state == memory_pb2.MEMORY_STATE_DELETED:
+        raise NotFoundError(f"memory {memory.id} was forgotten")
+    return SharedSource(
+        channel=memory.channel,
+        id=memory.id,
+        text=memory.text,
+        memory_type=short_name("MEMORY_TYPE_", memory_pb2.MemoryType.Name(memory.memory_type)),
+        tags=dict(memory.tags),
+        source=short_name("SOURCE_", memory_pb2.Source.Name(memory.source)),
+        confidence=short_name("CONFIDENCE_", memory_pb2.Confidence.Name(memory.confidence)),
     )
 
 

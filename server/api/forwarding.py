@@ -20,10 +20,19 @@ from typing import Any, cast
 import grpc
 
 from calor.server.api.decoding import HANDLER_KINDS
+from calor.server.api.routing import GATHERED
 from calor.server.api.rpc import abort_with
 from calor.server.errors import CalorError, FailedPreconditionError
 
-__all__ = ["FORWARDED_BY", "OWNER", "SHARD", "Fanout", "ForwardingInterceptor", "Place"]
+__all__ = [
+    "FORWARDED_BY",
+    "OWNER",
+    "SHARD",
+    "Fanout",
+    "ForwardingInterceptor",
+    "Gather",
+    "Place",
+]
 
 FORWARDED_BY = "calor-forwarded-by"
 OWNER = "calor-owner"
@@ -54,11 +63,24 @@ class Fanout:
     merge: Callable[[list[bytes]], Any]
 
 
-Place = Callable[[str, Any, bool, int | None], Callable[..., Any] | str | Fanout]
+@dataclass(frozen=True)
+class Gather:
+    """A call answered here with what other shards add: each of ``targets`` (shard,
+    owner address) is asked ``asked`` at once (a call of ``method``, the call's own if
+    empty), then ``local`` answers the call with their answers (serialized) in
+    :data:`~calor.server.api.routing.GATHERED`."""
+
+    targets: tuple[tuple[int, str], ...]
+    asked: Any
+    local: Callable[..., Any]
+    method: str = ""
+
+
+Place = Callable[[str, Any, bool, int | None], Callable[..., Any] | str | Fanout | Gather]
 """Where a call goes, from its method, its (first) request, whether another node
 forwarded it here, and the shard it was asked of (a fanned-out call): the behaviour that
-answers it here, the address of the node that does, or every shard's. A
-:class:`CalorError` refuses the call."""
+answers it here, the address of the node that does, every shard's, or this node's with
+others' answers. A :class:`CalorError` refuses the call."""
 
 
 class ForwardingInterceptor(grpc.aio.ServerInterceptor):
@@ -96,7 +118,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
 
             async def streaming(request: Any, context: _Context) -> AsyncIterator[Any]:
                 request, target = await where(request, context)
-                assert not isinstance(target, Fanout)  # only unary calls are fanned out
+                assert not isinstance(target, Fanout | Gather)  # unary calls only
                 if not isinstance(target, str):
                     async for response in target(request, context):
                         yield response
@@ -114,18 +136,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
 
             async def answering(request: Any, context: _Context) -> Any:
                 request, target = await where(request, context)
-                if isinstance(target, Fanout):
-                    return await self._fan_out(target, method, handler, request, context)
-                if not isinstance(target, str):
-                    response = await target(request, context)
-                    await _refuse_unalike(request, context)
-                    return response
-                call = self._call(target, method, handler, request, context)
-                try:
-                    response = await call
-                except grpc.aio.AioRpcError as error:
-                    await _relay_failure(error, context, target)
-                context.set_trailing_metadata((*await call.trailing_metadata(), (OWNER, target)))
+                response = await self._answer(target, method, handler, request, context)
                 await _refuse_unalike(request, context)
                 return response
 
@@ -138,6 +149,29 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=lambda r: r if isinstance(r, bytes) else original(r),
         )
 
+    async def _answer(
+        self,
+        target: Callable[..., Any] | str | Fanout | Gather,
+        method: str,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        request: Any,
+        context: _Context,
+    ) -> Any:
+        """A call with one response, answered where ``target`` says."""
+        if isinstance(target, Fanout):
+            return await self._fan_out(target, method, handler, request, context)
+        if isinstance(target, Gather):
+            return await self._gather(target, method, handler, request, context)
+        if not isinstance(target, str):
+            return await target(request, context)
+        call = self._call(target, method, handler, request, context)
+        try:
+            response = await call
+        except grpc.aio.AioRpcError as error:
+            await _relay_failure(error, context, target)
+        context.set_trailing_metadata((*await call.trailing_metadata(), (OWNER, target)))
+        return response
+
     async def _fan_out(
         self,
         fanout: Fanout,
@@ -147,30 +181,63 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         context: _Context,
     ) -> Any:
         """Ask every shard's owner at once, and merge what they answer."""
-        calls = [
-            self._call(address, method, handler, request, context, shard)
-            for shard, address in fanout.targets
-        ]
-        answers: list[bytes] = []
-        for (_, address), answer in zip(
-            fanout.targets, await asyncio.gather(*calls, return_exceptions=True), strict=True
-        ):
-            if isinstance(answer, grpc.aio.AioRpcError):
-                if answer.code() != grpc.StatusCode.NOT_FOUND:
-                    await _relay_failure(answer, context, address)
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                answers.append(answer)
+        answers = await self._ask(fanout.targets, method, handler, request, context, True)
         try:
             return fanout.merge(answers)
         except CalorError as error:
             await abort_with(context, error)
             raise  # not reached: abort raises
 
+    async def _gather(
+        self,
+        gather: Gather,
+        method: str,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        request: Any,
+        context: _Context,
+    ) -> Any:
+        """Ask the other shards' owners at once, then answer here with what they said;
+        a shard that cannot answer fails the call as it failed."""
+        asked, targets = gather.asked, gather.targets
+        answers = await self._ask(targets, gather.method or method, handler, asked, context, False)
+        gathered = GATHERED.set(tuple(answers))
+        try:
+            return await gather.local(request, context)
+        finally:
+            GATHERED.reset(gathered)
+
+    async def _ask(
+        self,
+        targets: tuple[tuple[int, str], ...],
+        method: str,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        request: Any,
+        context: _Context,
+        missing_ok: bool,
+    ) -> list[bytes]:
+        """Each target's answer to ``request`` (shard, owner address), asked at once; the
+        call ends as the first target's failure did (NOT_FOUND left out if
+        ``missing_ok``)."""
+        calls = [
+            self._call(address, method, handler, request, context, shard)
+            for shard, address in targets
+        ]
+        answers: list[bytes] = []
+        for (_, address), answer in zip(
+            targets, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(answer, grpc.aio.AioRpcError):
+                if not missing_ok or answer.code() != grpc.StatusCode.NOT_FOUND:
+                    await _relay_failure(answer, context, address)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                answers.append(answer)
+        return answers
+
     async def _where(
         self, method: str, streaming_in: bool, request: Any, context: _Context
-    ) -> tuple[Any, Callable[..., Any] | str | Fanout]:
+    ) -> tuple[Any, Callable[..., Any] | str | Fanout | Gather]:
         """The request (a stream's first message put back) and where the call goes."""
         first = request
         if streaming_in:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -16,22 +16,28 @@ from calor.server.api.convert import (
     edge_message,
     evaluation_message,
     feedback_message,
+    foreign_hit,
     hit_message,
     memory_message,
+    shared_source,
     status_message,
     tune_message,
     type_feedback,
     utility_factor_messages,
     window_message,
 )
+from calor.server.api.routing import GATHERED
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import settings_message
 from calor.server.api.wire import encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
+from calor.server.engine.recall_log import ForeignHit
 from calor.server.engine.results import Current, Stored
+from calor.server.engine.share import shared_copy
 from calor.server.errors import CalorError, InvalidArgumentError
+from calor.server.recall.ranking import Hit
 from calor.server.storage.markdown import (
     MarkdownReader,
     ParsedMemory,
@@ -128,17 +134,29 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         query = self._rt.validator.recall(request)
         vector = await self._rt.embeddings.query(query.query)
         inflight = self._rt.inflight + 1  # counting this call
-        result = await self._rt.run(self._rt.engine.recall, query, vector, inflight)
+        policy_of = self._rt.engine.channels.policy
+        foreign = [  # cluster mode: the hits of named channels other shards hold
+            foreign_hit(hit, policy_of)
+            for answer in GATHERED.get()
+            for hit in pb.RecallResponse.FromString(answer).hits
+        ]
+        result = await self._rt.run(self._rt.engine.recall, query, vector, inflight, foreign)
         reply = pb.RecallResponse(
             hits=[
-                hit_message(hit, self._memory(now))
-                for hit, now in zip(result.hits, result.memories, strict=True)
+                self._hit(hit, now) for hit, now in zip(result.hits, result.memories, strict=True)
             ],
             recall_id=result.recall_id,
         )
         if result.window is not None:
             reply.temporal_window.CopyFrom(window_message(result.window))
         return reply
+
+    def _hit(self, hit: Hit | ForeignHit, now: Current | None) -> pb.RecallHit:
+        """A recall hit's reply: ranked here, or as another shard answered it."""
+        if isinstance(hit, ForeignHit):
+            return cast(pb.RecallHit, hit.reply)
+        assert now is not None  # a hit of this shard has its memory as it stands
+        return hit_message(hit, self._memory(now))
 
     @rpc_errors
     async def Inspect(self, request: pb.InspectRequest, context: _Context) -> pb.InspectResponse:
@@ -257,15 +275,16 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     @rpc_errors
     async def Share(self, request: pb.ShareRequest, context: _Context) -> pb.ShareResponse:
         channel, memory_id, target = self._rt.validator.share(request)
-        # Access control, when it lands, checks here that the caller may read `channel`
-        # and write `target`, before anything is read or stored.
-        stored = await self._rt.run(
-            self._rt.engine.share,
-            channel,
-            memory_id,
-            target,
-            self._rt.config.limits.max_text_bytes,
-        )
+        engine, most = self._rt.engine, self._rt.config.limits.max_text_bytes
+        gathered = GATHERED.get()
+        if gathered:  # cluster mode: the memory is another shard's, as its owner answered
+            memory = shared_source(pb.InspectResponse.FromString(gathered[0]).memory)
+            # The model gives its text the embedding its own shard stored with it.
+            [vector] = await self._rt.embeddings.passages([memory.text])
+            item = shared_copy(memory, target)
+            stored = await self._rt.run(engine.store_shared, item, vector, most)
+        else:
+            stored = await self._rt.run(engine.share, channel, memory_id, target, most)
         return pb.ShareResponse(memory=memory_message(stored.record, stored.heat))
 
     @rpc_errors

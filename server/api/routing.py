@@ -4,13 +4,19 @@ the node that owns their shard."""
 from __future__ import annotations
 
 import hashlib
+from contextvars import ContextVar
 from typing import Any
 
 from calor.server.api.wire import encode_page_token
 from calor.server.errors import NotFoundError
 from calor.v1 import trigger_service_pb2 as tpb
 
-__all__ = ["FANNED_OUT", "channels_of", "merge", "method_name", "shard_of"]
+__all__ = ["FANNED_OUT", "GATHERED", "channels_of", "merge", "method_name", "shard_of"]
+
+GATHERED: ContextVar[tuple[bytes, ...]] = ContextVar("calor_gathered", default=())
+"""What other shards answered, serialized, to the call this node answers with them (a
+recall naming channels of several shards, answered by its own channel's shard); empty
+for any other call."""
 
 
 def shard_of(channel: str, shards: int) -> int:

@@ -18,222 +18,37 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from calor.server.api.forwarding import OWNER
+from calor.server.cluster.drill_load import (
+    ANSWER_SECONDS,
+    CALL_SECONDS,
+    CHANNELS,
+    NOTIFIED,
+    STORED,
+    Follower,
+    Load,
+    Nodes,
+    Writes,
+    owns_the_store,
+)
 from calor.server.cluster.local import LocalCluster, wait_for_port
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import trigger_service_pb2 as tpb
-from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
-from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 
 __all__ = ["CHANNELS", "KINDS", "Drill", "Report", "owns_the_store"]
 
-CHANNELS = ("drill-a", "drill-b", "drill-c", "drill-d")
 KINDS = ("node", "owner", "nats", "both", "owner+nats")
 """What a round kills: a random Calor node, the node that owns the first channel's shard,
 a random NATS server, or a random node or that owner with a NATS server at the same
 moment."""
-CLIENTS = 8
-_CALL_SECONDS = 10.0
-_ANSWER_SECONDS = 120.0
-_STORED, _NOTIFIED = tpb.EVENT_KIND_ON_STORE, tpb.EVENT_KIND_NOTIFY
-_WORDS = ["deploy", "coffee", "invoice", "rotation", "backup", "holiday", "budget", "review"]
-
-
-def owns_the_store(stub: MemoryServiceStub, channel: str = CHANNELS[0]) -> bool:
-    """Whether the node behind ``stub`` answers a call to ``channel`` itself (it owns the
-    channel's shard): its answer names no other node as the owner (``calor-owner``).
-
-    Raises:
-        grpc.RpcError: The node did not answer (starting, or no owner yet).
-    """
-    request = pb.ListMemoriesRequest(channel=channel, page_size=1)
-    _, call = stub.ListMemories.with_call(request, timeout=5.0)
-    return not any(key == OWNER for key, _ in call.trailing_metadata() or ())
-
-
-class _Nodes:
-    """A stub per node, and which nodes run."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self._channels = [grpc.insecure_channel(target) for target in cluster.targets()]
-        self.memory = [MemoryServiceStub(channel) for channel in self._channels]
-        self.triggers = [TriggerServiceStub(channel) for channel in self._channels]
-
-    def any_live(self, rng: random.Random) -> int:
-        return rng.choice(self.cluster.live())
-
-    def owner(self) -> int | None:
-        """The node whose answers name no other owner (None while there is none)."""
-        for number in self.cluster.live():
-            try:
-                if owns_the_store(self.memory[number]):
-                    return number
-            except grpc.RpcError:
-                continue  # starting, or forwarding to an owner that is
-        return None
-
-    def close(self) -> None:
-        for channel in self._channels:
-            channel.close()
-
-
-@dataclass
-class _Writes:
-    """What the clients were told: acknowledged texts and their ids."""
-
-    acked: dict[str, str] = field(default_factory=dict)
-    failed_calls: int = 0
-    recalls: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def store(self, nodes: _Nodes, rng: random.Random, channel: str, text: str) -> bool:
-        """Store ``text`` through a live node, retried under one idempotency key until
-        acknowledged or ``_ANSWER_SECONDS`` passed; whether it was acknowledged."""
-        request = pb.StoreRequest(channel=channel, text=text, idempotency_key=uuid.uuid4().hex)
-        give_up = time.monotonic() + _ANSWER_SECONDS
-        while time.monotonic() < give_up:
-            try:
-                reply = nodes.memory[nodes.any_live(rng)].Store(request, timeout=_CALL_SECONDS)
-            except grpc.RpcError:
-                with self.lock:
-                    self.failed_calls += 1
-                time.sleep(0.05)
-                continue
-            with self.lock:
-                self.acked[text] = reply.memory.id
-            return True
-        return False
-
-
-class _Load:
-    """``CLIENTS`` threads storing (each text once, retried under its idempotency key) and
-    recalling (half of the recalls heat their hits: writes too) through every live node."""
-
-    def __init__(self, nodes: _Nodes, writes: _Writes) -> None:
-        self._nodes, self._writes = nodes, writes
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(n,), name=f"drill-client-{n}", daemon=True)
-            for n in range(CLIENTS)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
-
-    def _run(self, client: int) -> None:
-        rng = random.Random(client)
-        count = 0
-        while not self._stop.is_set():
-            channel = rng.choice(CHANNELS)
-            if rng.random() < 0.6:
-                count += 1
-                text = f"client {client} note {count}: {rng.choice(_WORDS)} {rng.random():.6f}"
-                self._writes.store(self._nodes, rng, channel, text)
-                continue
-            request = pb.RecallRequest(
-                channel=channel, query=rng.choice(_WORDS), limit=5, peek=rng.random() < 0.5
-            )
-            try:
-                self._nodes.memory[self._nodes.any_live(rng)].Recall(request, timeout=_CALL_SECONDS)
-                with self._writes.lock:
-                    self._writes.recalls += 1
-            except grpc.RpcError:
-                with self._writes.lock:
-                    self._writes.failed_calls += 1
-                time.sleep(0.05)
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """An event as the subscriber received it."""
-
-    seq: int
-    kind: int
-    memory_id: str
-
-
-class _Follower:
-    """A subscriber to the drill's ON_STORE events and its triggers' NOTIFY events, through
-    the owner of the first channel's shard, that, when its stream ends (its node died),
-    subscribes again through a live node after the last event seen."""
-
-    def __init__(self, nodes: _Nodes) -> None:
-        self._nodes = nodes
-        self.seen: list[_Seen] = []  # in the order received
-        self.resumed = 0
-        """Streams that delivered events and then ended (a death), each followed by a new
-        subscription after the last event seen."""
-        self.node: int | None = None
-        """The node its stream is open on."""
-        self._stream: Any = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="drill-subscriber", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
-        self._thread.join()
-
-    def _owner_or_any(self, rng: random.Random, seconds: float = 10.0) -> int:
-        """The owner of the first channel's shard, once there is one (a live node if
-        there is none for ``seconds``)."""
-        give_up = time.monotonic() + seconds
-        while time.monotonic() < give_up and not self._stop.is_set():
-            number = self._nodes.owner()
-            if number is not None:
-                return number
-            time.sleep(0.1)
-        return self._nodes.any_live(rng)
-
-    def _run(self) -> None:
-        rng = random.Random(-1)
-        while not self._stop.is_set():
-            request = tpb.SubscribeRequest(
-                channels=list(CHANNELS),
-                kinds=[_STORED, _NOTIFIED],
-                after_seq=self.seen[-1].seq if self.seen else 0,
-            )
-            received = len(self.seen)
-            try:
-                # Through the owner of the first channel's shard, the node an owner round
-                # kills: the stream ends with it, and resumes through a live node.
-                number = self._owner_or_any(rng)
-                self.node = number
-                self._stream = self._nodes.triggers[number].Subscribe(request)
-                if self._stop.is_set():
-                    self._stream.cancel()
-                for response in self._stream:
-                    event = response.event
-                    self.seen.append(_Seen(event.seq, event.kind, event.memory_id))
-            except grpc.RpcError:
-                pass  # the node died, or is starting: resume through a live node
-            self.node = None
-            if len(self.seen) > received and not self._stop.is_set():
-                self.resumed += 1  # a stream that delivered events ended
-            self._stop.wait(0.1)
 
 
 @dataclass
@@ -288,8 +103,8 @@ class Drill:
         self.cluster = cluster
         self._rng = random.Random(seed)
         self._say = say
-        self._nodes = _Nodes(cluster)
-        self._writes = _Writes()
+        self._nodes = Nodes(cluster)
+        self._writes = Writes()
 
     def run(self, kinds: Sequence[str]) -> Report:
         """One round per kind in ``kinds``, then the check."""
@@ -297,13 +112,13 @@ class Drill:
             trigger = tpb.Trigger(
                 id=f"notify-{channel}",
                 channel=channel,
-                event=_STORED,
+                event=STORED,
                 action=tpb.ACTION_KIND_NOTIFY,
                 config={"message": "a store in the drill"},
             )
             self._create(tpb.CreateTriggerRequest(trigger=trigger))
         self.every_channel_answers()
-        load, follower = _Load(self._nodes, self._writes), _Follower(self._nodes)
+        load, follower = Load(self._nodes, self._writes), Follower(self._nodes)
         load.start()
         follower.start()
         rounds: list[dict[str, Any]] = []
@@ -324,11 +139,11 @@ class Drill:
 
     def _create(self, request: tpb.CreateTriggerRequest) -> None:
         """Create a trigger through a live node, tried again until one answers."""
-        give_up = time.monotonic() + _ANSWER_SECONDS
+        give_up = time.monotonic() + ANSWER_SECONDS
         while True:
             node = self._nodes.any_live(self._rng)
             try:
-                self._nodes.triggers[node].CreateTrigger(request, timeout=_CALL_SECONDS)
+                self._nodes.triggers[node].CreateTrigger(request, timeout=CALL_SECONDS)
                 return
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.ALREADY_EXISTS:
@@ -337,7 +152,7 @@ class Drill:
                     raise
                 time.sleep(0.1)
 
-    def _round(self, number: int, kind: str, follower: _Follower) -> dict[str, Any]:
+    def _round(self, number: int, kind: str, follower: Follower) -> dict[str, Any]:
         rng, cluster = self._rng, self.cluster
         node = server = None
         owner = self._nodes.owner()
@@ -353,7 +168,8 @@ class Drill:
             cluster.kill_node(node)
         if server is not None:
             cluster.nats.kill(server)
-        recovered = self.every_channel_answers()
+        answered = self.every_channel_answers()
+        recovered = max(answered.values())
         killed = []
         if node is not None:
             killed.append(f"node-{node}" + (" (the owner)" if node == owner else ""))
@@ -381,16 +197,20 @@ class Drill:
             "stopped_by_themselves": stopped,
             "killed_at": round(killed_at, 3),
             "recovery_s": round(recovered, 3),
+            "answered_s": answered,
         }
 
-    def every_channel_answers(self) -> float:
-        """Seconds until a write to each channel through a live node is acknowledged."""
+    def every_channel_answers(self) -> dict[str, float]:
+        """Seconds until a write to each channel through a live node was acknowledged,
+        the channels probed one after the other."""
         started = time.monotonic()
+        answered = {}
         for channel in CHANNELS:
             text = f"probe of {channel} at {time.time_ns()}"
             if not self._writes.store(self._nodes, self._rng, channel, text):
-                raise TimeoutError(f"{channel} did not answer in {_ANSWER_SECONDS} s")
-        return time.monotonic() - started
+                raise TimeoutError(f"{channel} did not answer in {ANSWER_SECONDS} s")
+            answered[channel] = round(time.monotonic() - started, 3)
+        return answered
 
     def _stored(self, number: int) -> dict[str, list[tuple[str, str]]]:
         """Every live memory of each drill channel, as node ``number`` answers (asked
@@ -408,29 +228,29 @@ class Drill:
         return found
 
     def _list(self, number: int, request: pb.ListMemoriesRequest) -> pb.ListMemoriesResponse:
-        give_up = time.monotonic() + _ANSWER_SECONDS
+        give_up = time.monotonic() + ANSWER_SECONDS
         while True:
             try:
-                return self._nodes.memory[number].ListMemories(request, timeout=_CALL_SECONDS)
+                return self._nodes.memory[number].ListMemories(request, timeout=CALL_SECONDS)
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > give_up:
                     raise
             time.sleep(0.1)
 
-    def _wait_for_events(self, follower: _Follower, seconds: float = 60.0) -> None:
+    def _wait_for_events(self, follower: Follower, seconds: float = 60.0) -> None:
         """Let the subscriber catch up with the stores made (and not told) last, and with
         their triggers' firings."""
         stored = {i for view in self._stored(self.cluster.live()[0]).values() for i, _ in view}
         give_up = time.monotonic() + seconds
         while time.monotonic() < give_up:
             seen = list(follower.seen)
-            stores = {e.memory_id for e in seen if e.kind == _STORED and e.memory_id in stored}
-            notified = {e.memory_id for e in seen if e.kind == _NOTIFIED}
+            stores = {e.memory_id for e in seen if e.kind == STORED and e.memory_id in stored}
+            notified = {e.memory_id for e in seen if e.kind == NOTIFIED}
             if len(stores) >= len(stored) and stores <= notified:
                 return
             time.sleep(0.2)
 
-    def _check(self, rounds: list[dict[str, Any]], follower: _Follower) -> Report:
+    def _check(self, rounds: list[dict[str, Any]], follower: Follower) -> Report:
         lost = duplicated = 0
         every_id: set[str] = set()
         for number in self.cluster.live():
@@ -443,8 +263,8 @@ class Drill:
         seen = follower.seen
         seqs = [e.seq for e in seen]
         events = Counter(seqs)
-        stores = {e.memory_id for e in seen if e.kind == _STORED}
-        fired = Counter(e.memory_id for e in seen if e.kind == _NOTIFIED)
+        stores = {e.memory_id for e in seen if e.kind == STORED}
+        fired = Counter(e.memory_id for e in seen if e.kind == NOTIFIED)
         return Report(
             rounds=rounds,
             writes_acknowledged=len(self._writes.acked),
@@ -452,7 +272,7 @@ class Drill:
             recalls_answered=self._writes.recalls,
             lost=lost,
             duplicated=duplicated,
-            events_missed=len(every_id - {e.memory_id for e in seen if e.kind == _STORED}),
+            events_missed=len(every_id - {e.memory_id for e in seen if e.kind == STORED}),
             events_repeated=sum(count - 1 for count in events.values()),
             events_out_of_order=sum(1 for a, b in zip(seqs, seqs[1:], strict=False) if b <= a),
             resubscriptions=follower.resumed,

@@ -29,7 +29,13 @@ from calor.server.engine.evaluate import Evaluation, evaluate
 from calor.server.engine.feedback import TypeTally
 from calor.server.engine.ratings import Ratings
 from calor.server.engine.recall_effects import heated, recall_effects
-from calor.server.engine.recall_log import RecallEntry, RecallLog, logged_hits, new_recall_id
+from calor.server.engine.recall_log import (
+    ForeignHit,
+    RecallEntry,
+    RecallLog,
+    logged_hits,
+    new_recall_id,
+)
 from calor.server.engine.registry import ChannelRegistry
 from calor.server.engine.results import Current, RecallResult, Stored
 from calor.server.engine.settling import mark_superseded, settle_conflicts
@@ -135,7 +141,11 @@ class MemoryEngine:
     # --- recall ----------------------------------------------------------------
 
     def recall(
-        self, query: RecallQuery, query_vector: np.ndarray, inflight: int = 1
+        self,
+        query: RecallQuery,
+        query_vector: np.ndarray,
+        inflight: int = 1,
+        foreign: Sequence[ForeignHit] = (),
     ) -> RecallResult:
         """Rank the memories of the caller's channel (and any it names) for a query.
 
@@ -150,7 +160,9 @@ class MemoryEngine:
         A channel never written to is read as an empty one and stays unwritten (and
         its recall, logging nothing, has no recall id).
         ``inflight`` counts the calls the server is serving, this one included (the
-        load gate reads it).
+        load gate reads it). ``foreign`` are the hits of named channels that other
+        shards hold (cluster mode), ranked there: they take their place among this
+        store's hits, and are returned and logged like them.
         """
         now = self._clock.now()
         window = recall_window(query, now)
@@ -172,17 +184,21 @@ class MemoryEngine:
             if other is not None:
                 with other.lock:
                     hits.extend(self._rank(other, query, query_vector, window, limit, mine=False))
-        hits.sort(key=lambda h: (-h.score, h.record.id))
-        hits = [replace(h, record=h.record.copy()) for h in hits[:limit]]
+        ranked: list[Hit | ForeignHit] = [*hits, *foreign]
+        ranked.sort(key=_rank_order)
+        kept = [
+            replace(h, record=h.record.copy()) if isinstance(h, Hit) else h for h in ranked[:limit]
+        ]
         recall_id = ""
         if not query.peek and own is not None:
             recall_id = new_recall_id(now)
-            logged = logged_hits(hits, own.name, self.channels.policy)
+            logged = logged_hits(kept, own.name, self.channels.policy)
             entry = RecallEntry(recall_id, now, tuple(logged))
+            mine = [h for h in kept if isinstance(h, Hit) and h.record.channel == own.name]
             with own.lock:
-                self._recalled(own, [h for h in hits if h.record.channel == own.name], entry)
-        memories = [self._current(h.record) for h in hits]
-        return RecallResult(hits, window, memories, recall_id)
+                self._recalled(own, mine, entry)
+        memories = [self._current(h.record) if isinstance(h, Hit) else None for h in kept]
+        return RecallResult(kept, window, memories, recall_id)
 
     def _current(self, record: MemoryRecord) -> Current:
         """A memory of a hit as it stands now."""
@@ -643,15 +659,22 @@ class MemoryEngine:
                 raise NotFoundError(f"memory {memory_id} was forgotten")
             item = shared_copy(live.evolved(record), target)
             vector = self._store.get_vector(channel, memory_id)
-        size = len(item.text.encode())
-        if size > max_text_bytes:
-            raise InvalidArgumentError(
-                f"id: the shared copy of {memory_id} would be {size} bytes with its prefix,"
-                f" over the limit of {max_text_bytes}"
-            )
         if vector is None:  # every memory not forgotten has one; `calor check` restores it
             raise FailedPreconditionError(
                 f"memory {memory_id} has no stored embedding; run `calor check --fix`"
+            )
+        return self.store_shared(item, vector, max_text_bytes)
+
+    def store_shared(self, item: NewMemory, vector: np.ndarray, max_text_bytes: int) -> Stored:
+        """Store a shared copy (:func:`~calor.server.engine.share.shared_copy`) with its
+        source's embedding; INVALID_ARGUMENT when its text, prefixed, would be over
+        ``max_text_bytes``."""
+        size = len(item.text.encode())
+        if size > max_text_bytes:
+            shared = item.provenance.get("shared_from_id", "")
+            raise InvalidArgumentError(
+                f"id: the shared copy of {shared} would be {size} bytes with its prefix,"
+                f" over the limit of {max_text_bytes}"
             )
         [stored] = self._storing.store([item], vector.reshape(1, -1))
         return stored
@@ -701,3 +724,8 @@ class MemoryEngine:
             return 0, None
         accumulated, crossed = self._dreamer.add_entropy(live, entropy)
         return accumulated, self.dream(channel) if crossed else None
+
+
+def _rank_order(hit: Hit | ForeignHit) -> tuple[float, str]:
+    """Where a hit ranks among a recall's hits (best first, ties by memory id)."""
+    return hit.order if isinstance(hit, ForeignHit) else (-hit.score, hit.record.id)

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_ENTRIES",
     "RETENTION_SECONDS",
     "TRIM_PER_ENTRY",
+    "ForeignHit",
     "LoggedHit",
     "RecallEntry",
     "RecallLog",
@@ -45,6 +46,7 @@ __all__ = [
     "logged_hits",
     "new_recall_id",
     "since_id",
+    "unweighted",
 ]
 
 RETENTION_SECONDS = 30 * 86_400.0
@@ -172,18 +174,36 @@ class RecallEntry:
         return {hit.memory_id: hit.memory_type for hit in self.hits}
 
 
-def _unweighted(value: float, weight: float) -> float:
+@dataclass(frozen=True)
+class ForeignHit:
+    """A hit of a channel another shard holds (cluster mode: a recall naming channels
+    of several shards), ranked there: how the log keeps it, and its reply as it came."""
+
+    logged: LoggedHit
+    reply: object
+
+    @property
+    def order(self) -> tuple[float, str]:
+        """Where it ranks among the recall's hits (best first, ties by memory id)."""
+        return (-self.logged.score, self.logged.memory_id)
+
+
+def unweighted(value: float, weight: float) -> float:
     """A signal before its weight; 0 when the weight was 0 (the signal was not kept)."""
     return value / weight if weight > 0 else 0.0
 
 
 def logged_hits(
-    hits: Iterable[Hit], channel: str, policy_of: Callable[[str], ChannelPolicy]
+    hits: Iterable[Hit | ForeignHit], channel: str, policy_of: Callable[[str], ChannelPolicy]
 ) -> list[LoggedHit]:
     """Recall hits of ``channel``'s recall as the log keeps them; ``policy_of`` names the
-    policy each hit's channel ranked with (temporal and source are logged unweighted)."""
+    policy each hit's channel ranked with (temporal and source are logged unweighted).
+    A foreign hit is logged as it came."""
     logged = []
     for hit in hits:
+        if isinstance(hit, ForeignHit):
+            logged.append(hit.logged)
+            continue
         weights = policy_of(hit.record.channel).weights
         logged.append(
             LoggedHit(
@@ -196,8 +216,8 @@ def logged_hits(
                 lexical=hit.lexical,
                 keyword=hit.keyword,
                 heat=hit.heat,
-                temporal=_unweighted(hit.temporal, weights.temporal),
-                source=_unweighted(hit.source, weights.source),
+                temporal=unweighted(hit.temporal, weights.temporal),
+                source=unweighted(hit.source, weights.source),
             )
         )
     return logged

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from calor.server.engine.ingest import Ingested
+from calor.server.engine.recall_log import ForeignHit
 from calor.server.recall.ranking import Hit
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import MemoryRecord
@@ -46,11 +47,12 @@ class Stored:
 @dataclass(frozen=True)
 class RecallResult:
     """Ranked hits, the time window the query named (if any), each hit's memory as it
-    stands after the recall, and the id the recall was logged under ("" if it was not)."""
+    stands after the recall (None for a foreign hit: its reply holds it), and the id the
+    recall was logged under ("" if it was not)."""
 
-    hits: list[Hit]
+    hits: list[Hit | ForeignHit]
     window: TimeWindow | None
-    memories: list[Current] = field(default_factory=list)  # each hit's memory, as it stands
+    memories: list[Current | None] = field(default_factory=list)  # each hit's memory now
     recall_id: str = ""
 
 

@@ -12,10 +12,46 @@ the prefix, so "shared by agent-7" still finds them by words.
 
 from __future__ import annotations
 
-from calor.server.commands import NewMemory
-from calor.server.records import MemoryRecord
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["shared_copy", "shared_prefix"]
+from calor.server.commands import NewMemory
+
+__all__ = ["Shareable", "SharedSource", "shared_copy", "shared_prefix"]
+
+
+class Shareable(Protocol):
+    """What a share copies of a memory (a record has all of it)."""
+
+    @property
+    def channel(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def memory_type(self) -> str: ...
+    @property
+    def tags(self) -> Mapping[str, str]: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def confidence(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SharedSource:
+    """A :class:`Shareable` memory as another shard's owner answered it (cluster mode: a
+    share into a channel of another shard)."""
+
+    channel: str
+    id: str
+    text: str
+    memory_type: str
+    tags: Mapping[str, str]
+    source: str
+    confidence: str
 
 
 def shared_prefix(channel: str) -> str:
@@ -23,7 +59,7 @@ def shared_prefix(channel: str) -> str:
     return f"[Shared by {channel}] "
 
 
-def shared_copy(record: MemoryRecord, target: str) -> NewMemory:
+def shared_copy(record: Shareable, target: str) -> NewMemory:
     """The memory to store in ``target`` for a share of ``record`` (as it stands now).
 
     The source's own provenance is not carried over: it names memories of the source
