@@ -160,9 +160,15 @@ class NatsConnection:
 
 def bucket_config(name: str, replicas: int, *, ttl: float | None = None) -> KeyValueConfig:
     """A replicated key-value bucket on disk keeping each key's last value, whose entries
-    expire ``ttl`` seconds after they were written (None: never)."""
+    expire ``ttl`` seconds after they were written (None: never). Any of its servers
+    answers a read (while its leader is being elected, too); writes go to the leader."""
     return KeyValueConfig(
-        bucket=name, history=1, ttl=ttl, replicas=replicas, storage=StorageType.FILE
+        bucket=name,
+        history=1,
+        ttl=ttl,
+        replicas=replicas,
+        storage=StorageType.FILE,
+        direct=True,
     )
 
 

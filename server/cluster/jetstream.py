@@ -50,6 +50,9 @@ _AFTER = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = 10071
 _DEDUPLICATE_SECONDS = 120.0
 _FETCH = 256
+_NEAR = 128
+"""A tail of at most this many positions is read entry by entry; a longer one through a
+consumer, in fetches of :data:`_FETCH`."""
 
 
 class JetStreamLog:
@@ -86,6 +89,7 @@ class JetStreamLog:
                 num_replicas=replicas,
                 storage=StorageType.FILE,
                 duplicate_window=_DEDUPLICATE_SECONDS,
+                allow_direct=True,  # any server of the stream reads an entry
             )
             await self._js.add_stream(config)  # refused while the cluster forms: tried again
             log.info("write log: made stream %s with %d replicas", self.stream, replicas)
@@ -126,7 +130,11 @@ class JetStreamLog:
         last = self.last()
         seen = position
         while seen < last:
-            chunk = self._nats.persist(partial(self._chunk, seen + 1), "read the write log")
+            chunk = []
+            if last - seen <= _NEAR:
+                chunk = self._nats.persist(partial(self._near, seen + 1), "read the write log")
+            if not chunk:  # a long tail, or the server that answered lags the leader
+                chunk = self._nats.persist(partial(self._chunk, seen + 1), "read the write log")
             if not chunk:
                 return
             for number, after, data in chunk:
@@ -145,6 +153,25 @@ class JetStreamLog:
             lambda: self._js.purge_stream(self.stream, seq=through, subject=self._subject),
             "trim the write log",
         )
+
+    async def _near(self, start: int) -> list[tuple[int, int | None, bytes]]:
+        """The shard's entries from position ``start`` on, up to :data:`_NEAR` positions
+        on, one at a time from any server of the stream (a follower's or a new owner's
+        short tail: no consumer to make, so no answer of the stream's or the cluster's
+        leader is waited for); as :meth:`_chunk`."""
+        found: list[tuple[int, int | None, bytes]] = []
+        position = start
+        while position < start + _NEAR:
+            try:
+                message = await self._js.get_msg(
+                    self.stream, position, self._subject, direct=True, next=True
+                )
+            except NotFoundError:
+                break  # no later entry (yet, on the server that answered)
+            number = int(message.seq or 0)
+            found.append((number, _after(message.headers), message.data or b""))
+            position = number + 1
+        return found
 
     async def _chunk(self, start: int) -> list[tuple[int, int | None, bytes]]:
         """The shard's entries from position ``start`` on, as many as one fetch brings:
