@@ -22,6 +22,7 @@ from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.local import NatsServers as NatsCluster
 from calor.server.cluster.local import free_port
+from calor.server.cluster.placement import Lease, Owner
 from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
@@ -311,3 +312,22 @@ def test_a_log_entry_replays_to_the_same_keys(tmp_path: Path) -> None:
     assert [kind for kind, _, _ in entry_operations(logged.entry())] == [b"P", b"D", b"R", b"P"]
     written.close()
     rebuilt.close()
+
+
+def test_a_lease_changed_since_it_was_read_is_not_broken_and_not_tried_again(
+    nats: NatsCluster,
+) -> None:
+    probe = NatsConnection.open(nats.urls, retry_seconds=5.0)
+    try:
+        shard = 97  # a lease of no node's shard
+        holder = Lease.open(
+            probe, shard, Owner("holder", "127.0.0.1:1"), lease_seconds=3, replicas=3
+        )
+        other = Lease.open(probe, shard, Owner("other", "127.0.0.1:2"), lease_seconds=3, replicas=3)
+        assert holder.acquire()
+        assert other.owner() == holder.me  # read: its revision is what a break names
+        holder.release()  # the entry changes under it (as when it lapses or is renewed)
+        assert other.break_() is False  # refused as stale, not retried until NATS gives up
+        assert other.acquire()  # the lease is free: taken as usual
+    finally:
+        probe.close()

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from nats.js.errors import (
+    APIError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 BUCKET = "calor_placement"
 _KEY = "shard-{shard}"
+_WRONG_LAST_SEQUENCE = 10071
+"""JetStream's refusal of a write that names another revision than the key's last (a
+delete's refusal comes as it is; the KV client turns an update's into
+``KeyWrongLastSequenceError``)."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,10 @@ class Lease:
         async def delete() -> bool:
             try:
                 await self._bucket.delete(self._key, last=self._seen)
-            except KeyWrongLastSequenceError:
-                return False  # renewed, or taken by another node, since it was read
+            except APIError as error:  # renewed, taken or lapsed since it was read
+                if _written_since(error):
+                    return False
+                raise
             return True
 
         return bool(self._seen) and self._nats.persist(delete, "break a dead owner's lease")
@@ -134,9 +141,16 @@ class Lease:
         async def delete() -> None:
             try:
                 await self._bucket.delete(self._key, last=self._revision)
-            except KeyWrongLastSequenceError:
-                pass  # not ours any more
+            except APIError as error:
+                if not _written_since(error):
+                    raise  # else not ours any more
 
         if self._revision:
             self._nats.run(delete())
             self._revision = 0
+
+
+def _written_since(error: APIError) -> bool:
+    """Whether JetStream refused a write because the key is no longer at the revision it
+    named (written again, deleted, or lapsed)."""
+    return isinstance(error, KeyWrongLastSequenceError) or error.err_code == _WRONG_LAST_SEQUENCE
