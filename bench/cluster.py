@@ -11,7 +11,9 @@ What it measures, in order, all on this machine:
    shard, once through a node that forwards to it. ``cluster / embedded`` is the cost of
    the replicated log (and of forwarding). Each target also takes the texts into one
    channel per shard at once (3 client threads, ``ingest_spread``): on the cluster each
-   shard has its own owner and log.
+   shard has its own owner and log. Last, each query again as a recall of one of those
+   channels naming the others (``recall_across``: on the cluster, each shard's owner
+   ranks its channel and the first channel's owner merges).
 3. **Kills under load** (``--kills K``, :mod:`calor.server.cluster.drill`): 8 client
    threads store and recall over 4 channels through every live node, and a subscriber
    follows their events, while each round the owning Calor node and one NATS server are
@@ -99,12 +101,31 @@ def ingest_spread(stub: pb_grpc.MemoryServiceStub, texts: Sequence[str], shards:
     return len(texts) / (time.perf_counter() - started)
 
 
+def recall_across_times(
+    stub: pb_grpc.MemoryServiceStub, channels: Sequence[str], queries: Sequence[str]
+) -> list[float]:
+    """Milliseconds of each sequential Recall(limit=10, peek=True) of the first channel
+    naming the others (on a cluster, one per shard: asked of each shard's owner)."""
+    times: list[float] = []
+    for query in queries:
+        request = pb.RecallRequest(
+            channel=channels[0], channels=channels[1:], query=query, limit=10, peek=True
+        )
+        started = time.perf_counter()
+        reply = stub.Recall(request, timeout=CALL_TIMEOUT_S)
+        times.append((time.perf_counter() - started) * 1000)
+        if not reply.hits:
+            raise RuntimeError(f"Recall across channels found nothing for {query!r}")
+    return times
+
+
 def measure(
     stub: pb_grpc.MemoryServiceStub, texts: Sequence[str], queries: Sequence[str], shards: int
 ) -> Json:
-    """Ingest, single stores and recalls through one stub. Each query is asked twice:
-    first embedded by the server (``recall_peek``), then again with its vector in the
-    server's query cache (``recall_cached``: the engine and the hops alone)."""
+    """Ingest, single stores and recalls through one stub. Each query is asked three
+    times: first embedded by the server (``recall_peek``), then again with its vector in
+    the server's query cache (``recall_cached``: the engine and the hops alone), then of
+    one channel per shard at once (``recall_across``)."""
     ingest(stub, texts[:BATCH])  # warm the model
     return {
         "ingest_memories_per_s": round(ingest(stub, texts), 1),
@@ -112,6 +133,7 @@ def measure(
         "store_single": summarize(store_times(stub, CHANNEL, 200)),
         "recall_peek": summarize(recall_times(stub, CHANNEL, queries, peek=True)),
         "recall_cached": summarize(recall_times(stub, CHANNEL, queries, peek=True)),
+        "recall_across": summarize(recall_across_times(stub, spread_channels(shards), queries)),
     }
 
 
@@ -188,7 +210,8 @@ def render(report: Json) -> str:
         f"(commit {machine['git_commit']}, {machine['nproc']} CPUs: {machine['cpu']})",
         "",
         f"  {'':<26}{'ingest mem/s':>13}{'spread':>9}{'store p50':>11}{'p99':>9}"
-        f"{'recall p50':>12}{'p99':>9}{'cached p50':>12}{'p99':>9}",
+        f"{'recall p50':>12}{'p99':>9}{'cached p50':>12}{'p99':>9}"
+        f"{'across p50':>12}{'p99':>9}",
     ]
     base = report["embedded"]["ingest_memories_per_s"]
     spread_base = report["embedded"]["ingest_spread_memories_per_s"]
@@ -199,11 +222,13 @@ def render(report: Json) -> str:
     ):
         row = report[key]
         store, recall, cached = row["store_single"], row["recall_peek"], row["recall_cached"]
+        across = row["recall_across"]
         lines.append(
             f"  {label:<26}{row['ingest_memories_per_s']:>13.1f}"
             f"{row['ingest_spread_memories_per_s']:>9.1f}{store['p50_ms']:>11.2f}"
             f"{store['p99_ms']:>9.2f}{recall['p50_ms']:>12.2f}{recall['p99_ms']:>9.2f}"
             f"{cached['p50_ms']:>12.2f}{cached['p99_ms']:>9.2f}"
+            f"{across['p50_ms']:>12.2f}{across['p99_ms']:>9.2f}"
             f"   ingest x{row['ingest_memories_per_s'] / base:.2f}, spread "
             f"x{row['ingest_spread_memories_per_s'] / spread_base:.2f}"
         )

@@ -218,7 +218,9 @@ class JetStreamLog:
                 return 0
             return int(message.seq or 0)
 
-        return self._nats.persist(read, "read the write log's end")
+        # Asked again after half a second: while the stream elects a leader no server
+        # answers, and a new owner waits on this once one does.
+        return self._nats.persist(read, "read the write log's end", attempt_seconds=0.5)
 
 
 def _after(headers: dict[str, str] | None) -> int | None:
