@@ -23,6 +23,7 @@ from calor.server.api.forwarding import Fanout, Gather
 from calor.server.api.routing import FANNED_OUT, channels_of, merge, method_name, shard_of
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.events import ClusterEvents
+from calor.server.cluster.leaders import Leaders
 from calor.server.cluster.members import Members, share
 from calor.server.cluster.placement import Owner
 from calor.server.cluster.replica import ShardReplica
@@ -50,6 +51,7 @@ log = logging.getLogger("calor.server")
 
 _BALANCE_SECONDS = 1.0
 _HANDOVER_SECONDS = 1.0
+_ALIGN_SECONDS = 5.0
 _INSPECT = "/calor.v1.MemoryService/Inspect"
 """How long a node waits after handing a shard over before it hands over another."""
 
@@ -105,6 +107,7 @@ class ClusterHost:
         self._stopping = asyncio.Event()
         self._handed_over_at = 0.0
         self._over_since: float | None = None  # since when it owns more than its share
+        self._listed: list[str] = []  # the members' ids, as last listed
         self._purges: set[asyncio.Future[None]] = set()  # of events quoting forgotten memories
         # Its own threads for what waits on NATS (a shard's follower waits as long as an
         # election lasts): the loop's default pool, a few threads, is not held up by it.
@@ -147,6 +150,7 @@ class ClusterHost:
             name = f"calor-shard-{slot.index}"
             self._tasks.append(asyncio.create_task(self._keep(slot, open_store, serve), name=name))
         self._tasks.append(asyncio.create_task(self._balance(), name="calor-balance"))
+        self._tasks.append(asyncio.create_task(self._align_leaders(), name="calor-leaders"))
 
     async def placed(self) -> None:
         """Wait until this node knows who owns each shard (it read every lease once)."""
@@ -299,6 +303,7 @@ class ClusterHost:
         while not self._stopping.is_set():
             try:
                 members = await loop.run_in_executor(self._blocking, self._members.renew)
+                self._listed = members
                 self._target = share(self.me.node_id, members, len(self._slots))
                 owned = [slot for slot in self._slots if slot.shard is not None]
                 now = time.monotonic()
@@ -326,6 +331,19 @@ class ClusterHost:
                     "node %s: the members could not be read", self.me.node_id, exc_info=True
                 )
             await _wait(self._stopping, _BALANCE_SECONDS)
+
+    async def _align_leaders(self) -> None:
+        """Keep the placement bucket's Raft leader on the write stream's NATS server
+        (:mod:`calor.server.cluster.leaders`); one node does it, the first member."""
+        loop, leaders = asyncio.get_running_loop(), Leaders(self._nats)
+        while not self._stopping.is_set():
+            await _wait(self._stopping, _ALIGN_SECONDS)
+            if self._stopping.is_set() or min(self._listed, default="") != self.me.node_id:
+                continue
+            try:
+                await loop.run_in_executor(self._blocking, leaders.align)
+            except Exception:
+                log.debug("node %s: the leaders were not aligned", self.me.node_id, exc_info=True)
 
     def place(
         self, method: str, request: Any, forwarded: bool, shard: int | None = None

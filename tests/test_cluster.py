@@ -328,6 +328,42 @@ def test_a_lease_changed_since_it_was_read_is_not_broken_and_not_tried_again(
         assert other.owner() == holder.me  # read: its revision is what a break names
         holder.release()  # the entry changes under it (as when it lapses or is renewed)
         assert other.break_() is False  # refused as stale, not retried until NATS gives up
-        assert other.acquire()  # the lease is free: taken as usual
+        give_up = time.monotonic() + 10  # a server that has not seen the release yet
+        while not other.acquire():  # may answer the read acquire makes: asked again
+            assert time.monotonic() < give_up, "the free lease was never taken"
+            time.sleep(0.1)
+    finally:
+        probe.close()
+
+
+def test_a_node_keeps_the_placement_buckets_leader_on_the_write_streams_server(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    probe = NatsConnection.open(nats.urls)
+
+    async def leaders() -> tuple[str, str]:
+        streams = ("CALOR_WRITES", "KV_calor_placement")
+        return tuple([(await probe.js.stream_info(name)).cluster.leader for name in streams])
+
+    def settle(apart: bool, within: float = 60.0) -> None:
+        give_up = time.monotonic() + within
+        while (len(set(now := probe.persist(leaders, "read the leaders"))) == 2) != apart:
+            assert time.monotonic() < give_up, f"the leaders stayed {now}"
+            if apart:  # the write stream's next leader is one of its other servers
+
+                async def step_down() -> object:
+                    subject = "$JS.API.STREAM.LEADER.STEPDOWN.CALOR_WRITES"
+                    return await probe.client.request(subject, b"")
+
+                probe.persist(step_down, "step the write stream's leader down")
+            time.sleep(1.0)
+
+    try:
+        with Node(nats, tmp_path / "a", "a") as node:
+            node.answering()
+            settle(apart=False)  # the node moved the placement bucket's leader there
+            settle(apart=True)  # the write stream's leader moved elsewhere...
+            settle(apart=False)  # ...and the placement bucket's followed it
+            node.store("Written once the leaders are on one server again.")
     finally:
         probe.close()

@@ -36,11 +36,12 @@ from nats.js.errors import APIError, NotFoundError
 from calor.server.cluster.connection import JOIN_SECONDS, NatsConnection
 from calor.server.errors import FailedPreconditionError, LogBehindError, LogTrimmedError
 
-__all__ = ["JetStreamLog"]
+__all__ = ["WRITE_STREAM", "JetStreamLog"]
 
 log = logging.getLogger(__name__)
 
-_STREAM = "CALOR_WRITES"
+WRITE_STREAM = "CALOR_WRITES"
+"""The stream every shard's commits go to."""
 _WRITES = "calor.writes.{shard}"
 """The subject every commit of a shard is published on."""
 _EVERY_SHARD = "calor.writes.*"
@@ -62,7 +63,7 @@ class JetStreamLog:
     def __init__(self, nats: NatsConnection, shard: int) -> None:
         self._nats = nats
         self._js = nats.js
-        self.stream = _STREAM
+        self.stream = WRITE_STREAM
         self._subject = _WRITES.format(shard=shard)
 
     @classmethod
