@@ -334,16 +334,26 @@ class ClusterHost:
 
     async def _align_leaders(self) -> None:
         """Keep the placement bucket's Raft leader on the write stream's NATS server
-        (:mod:`calor.server.cluster.leaders`); one node does it, the first member."""
+        (:mod:`calor.server.cluster.leaders`); one node does it, the first member, and
+        only while every shard has an owner (a leader stepping down holds writes to its
+        group up for a moment: not while a shard is being taken over)."""
         loop, leaders = asyncio.get_running_loop(), Leaders(self._nats)
         while not self._stopping.is_set():
             await _wait(self._stopping, _ALIGN_SECONDS)
-            if self._stopping.is_set() or min(self._listed, default="") != self.me.node_id:
+            first = min(self._listed, default="") == self.me.node_id
+            if self._stopping.is_set() or not first or not self._every_shard_owned():
                 continue
             try:
                 await loop.run_in_executor(self._blocking, leaders.align)
             except Exception:
                 log.debug("node %s: the leaders were not aligned", self.me.node_id, exc_info=True)
+
+    def _every_shard_owned(self) -> bool:
+        """Whether each shard is served here or has an owner elsewhere, as last seen."""
+        return all(
+            slot.shard is not None or (slot.replica is not None and slot.replica.owner())
+            for slot in self._slots
+        )
 
     def place(
         self, method: str, request: Any, forwarded: bool, shard: int | None = None

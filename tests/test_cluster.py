@@ -18,10 +18,11 @@ import grpc
 import pytest
 import rocksdict
 
-from calor.server.cluster.connection import NatsConnection
+from calor.server.cluster.connection import NatsConnection, bucket_config
 from calor.server.cluster.jetstream import JetStreamLog
 from calor.server.cluster.local import NatsServers as NatsCluster
 from calor.server.cluster.local import free_port
+from calor.server.cluster.placement import BUCKET as PLACEMENT
 from calor.server.cluster.placement import Lease, Owner
 from calor.server.storage.logged import LoggedBatch, entry_operations, replay
 from calor.v1 import memory_pb2
@@ -365,5 +366,27 @@ def test_a_node_keeps_the_placement_buckets_leader_on_the_write_streams_server(
             settle(apart=True)  # the write stream's leader moved elsewhere...
             settle(apart=False)  # ...and the placement bucket's followed it
             node.store("Written once the leaders are on one server again.")
+    finally:
+        probe.close()
+
+
+def test_a_lease_write_that_landed_without_its_answer_still_counts_as_held(
+    nats: NatsCluster,
+) -> None:
+    probe = NatsConnection.open(nats.urls, retry_seconds=5.0)
+    try:
+        me = Owner("lost-answer", "127.0.0.1:3")
+        lease = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
+        assert lease.acquire()
+        # A renewal that JetStream took but whose answer never came back (its leader
+        # changed meanwhile): the entry is at a revision this node was not told of.
+        bucket = probe.key_value(bucket_config(PLACEMENT, 3, ttl=3), "placement")
+        entry = probe.run(bucket.get("shard-96"))
+        probe.run(bucket.update("shard-96", me.to_bytes(), last=entry.revision))
+        assert lease.renew()  # its own entry: held, not lost
+        again = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
+        assert again.acquire()  # a take whose answer was lost, tried again: held too
+        other = Lease.open(probe, 96, Owner("other", "127.0.0.1:4"), lease_seconds=3, replicas=3)
+        assert not other.acquire()  # another node's take is refused as before
     finally:
         probe.close()

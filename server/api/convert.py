@@ -10,7 +10,7 @@ from calor.server.engine.context import ContextResult
 from calor.server.engine.dream import DreamReport
 from calor.server.engine.evaluate import Evaluation
 from calor.server.engine.feedback import TypeTally, hint
-from calor.server.engine.recall_log import ForeignHit, LoggedHit, unweighted
+from calor.server.engine.recall_log import ForeignHit, logged_hit
 from calor.server.engine.results import ChannelStatus
 from calor.server.engine.share import SharedSource
 from calor.server.engine.tuning import FITTED, TuneReport
@@ -121,21 +121,9 @@ def foreign_hit(
     """A hit another shard ranked and answered (``message``), to be ranked and logged
     among this shard's; ``policy_of`` names the weights its channel ranked with."""
     memory = message.memory
+    memory_type = short_name("MEMORY_TYPE_", memory_pb2.MemoryType.Name(memory.memory_type))
     weights = policy_of(memory.channel).weights
-    logged = LoggedHit(
-        memory_id=memory.id,
-        memory_type=short_name("MEMORY_TYPE_", memory_pb2.MemoryType.Name(memory.memory_type)),
-        own=False,
-        score=message.score,
-        band=message.band,
-        similarity=message.similarity,
-        lexical=message.lexical,
-        keyword=message.keyword,
-        heat=message.heat,
-        temporal=unweighted(message.temporal, weights.temporal),
-        source=unweighted(message.source, weights.source),
-    )
-    return ForeignHit(logged, message)
+    return ForeignHit(logged_hit(message, memory.id, memory_type, False, weights), message)
 
 
 def shared_source(memory: memory_pb2.Memory) -> SharedSource:

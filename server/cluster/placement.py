@@ -114,7 +114,7 @@ class Lease:
             try:
                 return await self._bucket.create(self._key, self.me.to_bytes())
             except KeyWrongLastSequenceError:
-                return 0
+                return await self._ours()  # an earlier try's answer may have been lost
 
         self._revision = self._nats.persist(create, "take the store's lease")
         if self._revision:
@@ -128,11 +128,21 @@ class Lease:
             try:
                 return await self._bucket.update(self._key, self.me.to_bytes(), last=self._revision)
             except KeyWrongLastSequenceError:
-                return 0
+                return await self._ours()  # an earlier try's answer may have been lost
 
         if self._revision:
             self._revision = self._nats.run(update())
         return self.held
+
+    async def _ours(self) -> int:
+        """The revision of the entry if it is this node's (a write whose answer was lost
+        while the bucket changed leaders landed: no other node writes this node's
+        entry); 0 if it is another's or there is none."""
+        try:
+            entry = await self._bucket.get(self._key)
+        except (KeyNotFoundError, KeyDeletedError):
+            return 0
+        return int(entry.revision or 0) if entry.value == self.me.to_bytes() else 0
 
     def release(self) -> None:
         """Give the lease up now, if this node still holds it (a node stopping cleanly:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from calor.server.ids import new_id
 from calor.server.recall.ranking import Hit
 from calor.server.storage.ops import DeleteKey, PutKey
 from calor.server.storage.store import Keys, MemoryStore
-from calor.server.thermo.policy import ChannelPolicy
+from calor.server.thermo.policy import ChannelPolicy, RecallWeights
 
 __all__ = [
     "MAX_ENTRIES",
@@ -41,12 +41,13 @@ __all__ = [
     "LoggedHit",
     "RecallEntry",
     "RecallLog",
+    "Scored",
     "id_seconds",
     "log_entry",
+    "logged_hit",
     "logged_hits",
     "new_recall_id",
     "since_id",
-    "unweighted",
 ]
 
 RETENTION_SECONDS = 30 * 86_400.0
@@ -188,7 +189,7 @@ class ForeignHit:
         return (-self.logged.score, self.logged.memory_id)
 
 
-def unweighted(value: float, weight: float) -> float:
+def _unweighted(value: float, weight: float) -> float:
     """A signal before its weight; 0 when the weight was 0 (the signal was not kept)."""
     return value / weight if weight > 0 else 0.0
 
@@ -204,23 +205,52 @@ def logged_hits(
         if isinstance(hit, ForeignHit):
             logged.append(hit.logged)
             continue
-        weights = policy_of(hit.record.channel).weights
-        logged.append(
-            LoggedHit(
-                memory_id=hit.record.id,
-                memory_type=hit.record.memory_type,
-                own=hit.record.channel == channel,
-                score=hit.score,
-                band=hit.band,
-                similarity=hit.similarity,
-                lexical=hit.lexical,
-                keyword=hit.keyword,
-                heat=hit.heat,
-                temporal=unweighted(hit.temporal, weights.temporal),
-                source=unweighted(hit.source, weights.source),
-            )
-        )
+        record = hit.record
+        weights = policy_of(record.channel).weights
+        own = record.channel == channel
+        logged.append(logged_hit(hit, record.id, record.memory_type, own, weights))
     return logged
+
+
+class Scored(Protocol):
+    """A hit's score and the signals it was made of, as ranked (weighted)."""
+
+    @property
+    def score(self) -> float: ...
+    @property
+    def band(self) -> str: ...
+    @property
+    def similarity(self) -> float: ...
+    @property
+    def lexical(self) -> float: ...
+    @property
+    def keyword(self) -> float: ...
+    @property
+    def heat(self) -> float: ...
+    @property
+    def temporal(self) -> float: ...
+    @property
+    def source(self) -> float: ...
+
+
+def logged_hit(
+    hit: Scored, memory_id: str, memory_type: str, own: bool, weights: RecallWeights
+) -> LoggedHit:
+    """A hit of memory ``memory_id`` as the log keeps it; ``weights`` are those its
+    channel ranked with (temporal and source are logged unweighted)."""
+    return LoggedHit(
+        memory_id=memory_id,
+        memory_type=memory_type,
+        own=own,
+        score=hit.score,
+        band=hit.band,
+        similarity=hit.similarity,
+        lexical=hit.lexical,
+        keyword=hit.keyword,
+        heat=hit.heat,
+        temporal=_unweighted(hit.temporal, weights.temporal),
+        source=_unweighted(hit.source, weights.source),
+    )
 
 
 def log_entry(channel: str, entry: RecallEntry) -> PutKey:
