@@ -19,8 +19,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from calor.server.api.forwarding import Fanout, Gather
-from calor.server.api.routing import FANNED_OUT, channels_of, merge, method_name, shard_of
+from calor.server.api.routing import (
+    FANNED_OUT,
+    QUERY_VECTOR,
+    channels_of,
+    merge,
+    method_name,
+    shard_of,
+)
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.events import ClusterEvents
 from calor.server.cluster.leaders import Leaders
@@ -402,7 +411,10 @@ class ClusterHost:
         asked.CopyFrom(request)
         asked.peek = True
         targets = tuple((other, self._address(self._slots[other])) for other in others)
-        return Gather(targets, asked, local)
+        embed = self._slots[index].shard
+        assert embed is not None  # served here: local is its behaviour
+        vector = partial(_query_vector, embed.runtime.embeddings.query, request.query)
+        return Gather(targets, asked, local, metadata=vector)
 
     def _share(
         self, method: str, request: Any, forwarded: bool
@@ -545,6 +557,14 @@ def _no_owner(index: int) -> UnavailableError:
     return UnavailableError(
         f"shard {index} has no owner right now (a node is taking it over): call again"
     )
+
+
+async def _query_vector(
+    embed: Callable[[str], Awaitable[np.ndarray]], query: str
+) -> list[tuple[str, bytes]]:
+    """A recall's query embedded once here, as metadata for the other shards' owners."""
+    vector = await embed(query)
+    return [(QUERY_VECTOR, np.asarray(vector, dtype=np.float32).tobytes())]
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

@@ -381,8 +381,12 @@ def test_a_lease_write_that_landed_without_its_answer_still_counts_as_held(
         # A renewal that JetStream took but whose answer never came back (its leader
         # changed meanwhile): the entry is at a revision this node was not told of.
         bucket = probe.key_value(bucket_config(PLACEMENT, 3, ttl=3), "placement")
-        entry = probe.run(bucket.get("shard-96"))
-        probe.run(bucket.update("shard-96", me.to_bytes(), last=entry.revision))
+
+        async def landed() -> int:  # read again if a server behind the leader answered
+            entry = await bucket.get("shard-96")
+            return await bucket.update("shard-96", me.to_bytes(), last=entry.revision)
+
+        probe.persist(landed, "renew behind the lease's back")
         assert lease.renew()  # its own entry: held, not lost
         again = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
         assert again.acquire()  # a take whose answer was lost, tried again: held too

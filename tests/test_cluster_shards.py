@@ -9,7 +9,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -179,18 +179,9 @@ FACTS = {
 QUERY = "why does the deploy pipeline fail when the cache is full"
 
 
-def test_recalls_and_shares_across_shards_answer_as_one_node_would(
-    nats: NatsServers, tmp_path: Path
-) -> None:
-    teams = [f"team-{n}" for n in range(12)]  # channels of this test alone
-    own = teams[0]
-    named = [c for c in teams if shard_of(c, SHARDS) != shard_of(own, SHARDS)]
-    further = [
-        named[0],
-        next(c for c in named if shard_of(c, SHARDS) != shard_of(named[0], SHARDS)),
-    ]
-    channels = dict(zip(FACTS, [own, *further], strict=True))
-    # The same memories on one embedded node: how its recall ranks them is the answer.
+def ranked_alone(tmp_path: Path, channels: dict[str, str], request: pb.RecallRequest) -> Any:
+    """How one embedded node answers ``request`` with the same memories (``channels``:
+    FACTS' group → its channel)."""
     embedded = CalorProcess(tmp_path / "embedded", tmp_path / "embedded.log")
     embedded.start()
     try:
@@ -199,19 +190,47 @@ def test_recalls_and_shares_across_shards_answer_as_one_node_would(
             for group, channel in channels.items():
                 for text in FACTS[group]:
                     alone.Store(pb.StoreRequest(channel=channel, text=text), timeout=TIMEOUT)
-            request = pb.RecallRequest(
-                channel=own, channels=further, query=QUERY, limit=5, peek=True
-            )
-            expected = alone.Recall(request, timeout=TIMEOUT)
+            return alone.Recall(request, timeout=TIMEOUT)
     finally:
         embedded.close()
+
+
+def queries_embedded(nodes: list[ShardNode]) -> float:
+    """Model runs for queries so far, over every node."""
+    total = 0.0
+    for node in nodes:
+        url = f"http://127.0.0.1:{node.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            lines = answer.read().decode().splitlines()
+        prefix = 'calor_embedding_batch_size_count{kind="query"}'
+        total += sum(float(line.split()[-1]) for line in lines if line.startswith(prefix))
+    return total
+
+
+def test_recalls_and_shares_across_shards_answer_as_one_node_would(
+    nats: NatsServers, tmp_path: Path
+) -> None:
+    teams = [f"team-{n}" for n in range(12)]  # channels of this test alone
+    own = teams[0]
     with (
         ShardNode(nats, tmp_path / "a", "a") as a,
         ShardNode(nats, tmp_path / "b", "b") as b,
         ShardNode(nats, tmp_path / "c", "c") as c,
     ):
         nodes = [a, b, c]
-        balanced(nodes)
+        owned = balanced(nodes)
+        owner_of = {shard: n for n, shards in enumerate(owned) for shard in shards}
+        # Two further channels of two other shards, whose owners are other nodes.
+        further: list[str] = []
+        for channel in teams:
+            shard = shard_of(channel, SHARDS)
+            taken = {shard_of(c, SHARDS) for c in [own, *further]}
+            if shard not in taken and owner_of[shard] != owner_of[shard_of(own, SHARDS)]:
+                further.append(channel)
+        further = further[:2]
+        channels = dict(zip(FACTS, [own, *further], strict=True))
+        peek = pb.RecallRequest(channel=own, channels=further, query=QUERY, limit=5, peek=True)
+        expected = ranked_alone(tmp_path, channels, peek)
         for n, (group, channel) in enumerate(channels.items()):
             for text in FACTS[group]:
                 nodes[n % 3].store_in(channel, text)
@@ -219,7 +238,11 @@ def test_recalls_and_shares_across_shards_answer_as_one_node_would(
         # its owner, which asks the owners of the further channels' shards.
         asking = next(n for n in nodes if shard_of(own, SHARDS) not in n.owned())
         request = pb.RecallRequest(channel=own, channels=further, query=QUERY, limit=5)
+        embedded_before = queries_embedded(nodes)
         answer = retrying(lambda: asking.stub.Recall(request, timeout=TIMEOUT))
+        # The query was embedded once, by the recalling channel's owner, which asked the
+        # other owners with its embedding.
+        assert queries_embedded(nodes) - embedded_before == 1
         assert [(h.memory.text, h.memory.channel, h.band) for h in answer.hits] == [
             (h.memory.text, h.memory.channel, h.band) for h in expected.hits
         ]

@@ -68,12 +68,14 @@ class Gather:
     """A call answered here with what other shards add: each of ``targets`` (shard,
     owner address) is asked ``asked`` at once (a call of ``method``, the call's own if
     empty), then ``local`` answers the call with their answers (serialized) in
-    :data:`~calor.server.api.routing.GATHERED`."""
+    :data:`~calor.server.api.routing.GATHERED`. ``metadata``, if given, makes metadata
+    to ask them with (a failure leaves it out)."""
 
     targets: tuple[tuple[int, str], ...]
     asked: Any
     local: Callable[..., Any]
     method: str = ""
+    metadata: Callable[[], Awaitable[list[tuple[str, bytes]]]] | None = None
 
 
 Place = Callable[[str, Any, bool, int | None], Callable[..., Any] | str | Fanout | Gather]
@@ -198,8 +200,16 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
     ) -> Any:
         """Ask the other shards' owners at once, then answer here with what they said;
         a shard that cannot answer fails the call as it failed."""
+        extra: list[tuple[str, bytes]] = []
+        if gather.metadata is not None:
+            try:
+                extra = await gather.metadata()
+            except CalorError:  # the call itself will say what is wrong with it
+                extra = []
         asked, targets = gather.asked, gather.targets
-        answers = await self._ask(targets, gather.method or method, handler, asked, context, False)
+        answers = await self._ask(
+            targets, gather.method or method, handler, asked, context, False, extra
+        )
         gathered = GATHERED.set(tuple(answers))
         try:
             return await gather.local(request, context)
@@ -214,12 +224,13 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         request: Any,
         context: _Context,
         missing_ok: bool,
+        extra: list[tuple[str, bytes]] | None = None,
     ) -> list[bytes]:
         """Each target's answer to ``request`` (shard, owner address), asked at once; the
         call ends as the first target's failure did (NOT_FOUND left out if
         ``missing_ok``)."""
         calls = [
-            self._call(address, method, handler, request, context, shard)
+            self._call(address, method, handler, request, context, shard, extra)
             for shard, address in targets
         ]
         answers: list[bytes] = []
@@ -263,6 +274,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         request: Any,
         context: _Context,
         shard: int | None = None,
+        extra: list[tuple[str, bytes]] | None = None,
     ) -> Any:
         channel = self._channels.get(target)
         if channel is None:
@@ -279,6 +291,7 @@ class ForwardingInterceptor(grpc.aio.ServerInterceptor):
         metadata.append((FORWARDED_BY, self._node_id))
         if shard is not None:
             metadata.append((SHARD, str(shard)))
+        metadata += extra or []
         remaining = context.time_remaining()
         timeout = remaining if remaining is not None and remaining < 1e6 else None
         kind = _CALL_KINDS[(handler.request_streaming, handler.response_streaming)]

@@ -26,7 +26,8 @@ from calor.server.api.convert import (
     utility_factor_messages,
     window_message,
 )
-from calor.server.api.routing import GATHERED
+from calor.server.api.forwarding import FORWARDED_BY
+from calor.server.api.routing import GATHERED, query_vector
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import settings_message
@@ -132,7 +133,9 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     @rpc_errors
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
         query = self._rt.validator.recall(request)
-        vector = await self._rt.embeddings.query(query.query)
+        vector = self._asked_vector(context)
+        if vector is None:
+            vector = await self._rt.embeddings.query(query.query)
         inflight = self._rt.inflight + 1  # counting this call
         policy_of = self._rt.engine.channels.policy
         foreign = [  # cluster mode: the hits of named channels other shards hold
@@ -150,6 +153,14 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         if result.window is not None:
             reply.temporal_window.CopyFrom(window_message(result.window))
         return reply
+
+    def _asked_vector(self, context: _Context) -> np.ndarray | None:
+        """The query's embedding, when another node asked this recall with it (cluster
+        mode: a recall naming channels of several shards)."""
+        metadata = tuple(context.invocation_metadata() or ())
+        if not any(key == FORWARDED_BY for key, _ in metadata):
+            return None
+        return query_vector(metadata, self._rt.embeddings.embedder.dim)
 
     def _hit(self, hit: Hit | ForeignHit, now: Current | None) -> pb.RecallHit:
         """A recall hit's reply: ranked here, or as another shard answered it."""

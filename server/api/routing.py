@@ -4,14 +4,30 @@ the node that owns their shard."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
+
+import numpy as np
 
 from calor.server.api.wire import encode_page_token
 from calor.server.errors import NotFoundError
 from calor.v1 import trigger_service_pb2 as tpb
 
-__all__ = ["FANNED_OUT", "GATHERED", "channels_of", "merge", "method_name", "shard_of"]
+__all__ = [
+    "FANNED_OUT",
+    "GATHERED",
+    "QUERY_VECTOR",
+    "channels_of",
+    "merge",
+    "method_name",
+    "query_vector",
+    "shard_of",
+]
+
+QUERY_VECTOR = "calor-query-vector-bin"
+"""Metadata of a recall asked of other shards' owners: the query's embedding (float32),
+so that each does not embed the query again."""
 
 GATHERED: ContextVar[tuple[bytes, ...]] = ContextVar("calor_gathered", default=())
 """What other shards answered, serialized, to the call this node answers with them (a
@@ -81,3 +97,13 @@ def merge(name: str, request: Any, answers: list[bytes]) -> Any:
     more = len(shown) < len(every) or bound is not None
     token = encode_page_token(shown[-1].id) if more and shown else ""
     return tpb.ListTriggersResponse(triggers=shown, next_page_token=token)
+
+
+def query_vector(metadata: Iterable[tuple[str, Any]], dim: int) -> np.ndarray | None:
+    """The query's embedding a recall was asked with by another node (:data:`QUERY_VECTOR`),
+    if it is one of ``dim`` finite numbers; None otherwise."""
+    raw = dict(metadata).get(QUERY_VECTOR)
+    if not isinstance(raw, bytes) or len(raw) != dim * 4:
+        return None
+    vector = np.frombuffer(raw, dtype=np.float32).copy()
+    return vector if bool(np.isfinite(vector).all()) else None
