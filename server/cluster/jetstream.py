@@ -51,7 +51,7 @@ _AFTER = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = 10071
 _DEDUPLICATE_SECONDS = 120.0
 _FETCH = 256
-_NEAR = 128
+_NEAR = 1024
 """A tail of at most this many positions is read entry by entry; a longer one through a
 consumer, in fetches of :data:`_FETCH`."""
 
