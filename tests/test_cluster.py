@@ -337,6 +337,32 @@ def test_a_lease_changed_since_it_was_read_is_not_broken_and_not_tried_again(
         probe.close()
 
 
+def test_a_lease_write_that_landed_without_its_answer_still_counts_as_held(
+    nats: NatsCluster,
+) -> None:
+    probe = NatsConnection.open(nats.urls)  # waits out an election (an earlier test's)
+    try:
+        me = Owner("lost-answer", "127.0.0.1:3")
+        lease = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
+        assert lease.acquire()
+        # A renewal that JetStream took but whose answer never came back (its leader
+        # changed meanwhile): the entry is at a revision this node was not told of.
+        bucket = probe.key_value(bucket_config(PLACEMENT, 3, ttl=3), "placement")
+
+        async def landed() -> int:  # read again if a server behind the leader answered
+            entry = await bucket.get("shard-96")
+            return await bucket.update("shard-96", me.to_bytes(), last=entry.revision)
+
+        probe.persist(landed, "renew behind the lease's back")
+        assert lease.renew()  # its own entry: held, not lost
+        again = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
+        assert again.acquire()  # a take whose answer was lost, tried again: held too
+        other = Lease.open(probe, 96, Owner("other", "127.0.0.1:4"), lease_seconds=3, replicas=3)
+        assert not other.acquire()  # another node's take is refused as before
+    finally:
+        probe.close()
+
+
 def test_a_node_keeps_the_placement_buckets_leader_on_the_write_streams_server(
     nats: NatsCluster, tmp_path: Path
 ) -> None:
@@ -366,31 +392,12 @@ def test_a_node_keeps_the_placement_buckets_leader_on_the_write_streams_server(
             settle(apart=True)  # the write stream's leader moved elsewhere...
             settle(apart=False)  # ...and the placement bucket's followed it
             node.store("Written once the leaders are on one server again.")
-    finally:
-        probe.close()
-
-
-def test_a_lease_write_that_landed_without_its_answer_still_counts_as_held(
-    nats: NatsCluster,
-) -> None:
-    probe = NatsConnection.open(nats.urls, retry_seconds=5.0)
-    try:
-        me = Owner("lost-answer", "127.0.0.1:3")
-        lease = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
-        assert lease.acquire()
-        # A renewal that JetStream took but whose answer never came back (its leader
-        # changed meanwhile): the entry is at a revision this node was not told of.
-        bucket = probe.key_value(bucket_config(PLACEMENT, 3, ttl=3), "placement")
-
-        async def landed() -> int:  # read again if a server behind the leader answered
-            entry = await bucket.get("shard-96")
-            return await bucket.update("shard-96", me.to_bytes(), last=entry.revision)
-
-        probe.persist(landed, "renew behind the lease's back")
-        assert lease.renew()  # its own entry: held, not lost
-        again = Lease.open(probe, 96, me, lease_seconds=3, replicas=3)
-        assert again.acquire()  # a take whose answer was lost, tried again: held too
-        other = Lease.open(probe, 96, Owner("other", "127.0.0.1:4"), lease_seconds=3, replicas=3)
-        assert not other.acquire()  # another node's take is refused as before
+        # The bucket takes writes again before the next test (a leader that stepped
+        # down may leave it electing for a while).
+        settled = Lease.open(
+            probe, 95, Owner("settled", "127.0.0.1:5"), lease_seconds=3, replicas=3
+        )
+        assert settled.acquire()
+        settled.release()
     finally:
         probe.close()

@@ -157,12 +157,12 @@ class JetStreamLog:
 
     async def _near(self, start: int) -> list[tuple[int, int | None, bytes]]:
         """The shard's entries from position ``start`` on, up to :data:`_NEAR` positions
-        on, one at a time from any server of the stream (a follower's or a new owner's
-        short tail: no consumer to make, so no answer of the stream's or the cluster's
-        leader is waited for); as :meth:`_chunk`."""
+        on and at most :data:`_FETCH` of them, one at a time from any server of the
+        stream (a follower's or a new owner's short tail: no consumer to make, so no
+        answer of the stream's or the cluster's leader is waited for); as :meth:`_chunk`."""
         found: list[tuple[int, int | None, bytes]] = []
         position = start
-        while position < start + _NEAR:
+        while position < start + _NEAR and len(found) < _FETCH:
             try:
                 message = await self._js.get_msg(
                     self.stream, position, self._subject, direct=True, next=True
