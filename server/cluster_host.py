@@ -60,9 +60,10 @@ log = logging.getLogger("calor.server")
 
 _BALANCE_SECONDS = 1.0
 _HANDOVER_SECONDS = 1.0
-_ALIGN_SECONDS = 5.0
-_INSPECT = "/calor.v1.MemoryService/Inspect"
 """How long a node waits after handing a shard over before it hands over another."""
+_ALIGN_SECONDS = 5.0
+"""How often the first member looks at where the takeover's Raft leaders are."""
+_INSPECT = "/calor.v1.MemoryService/Inspect"
 
 
 class _Slot:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calor.server.api.wire import full_name, short_name, timestamp_message
+from calor.server.api.wire import Enum, enum_name, full_name, timestamp_message
 from calor.server.engine.cards import EntityCard
 from calor.server.engine.context import ContextResult
 from calor.server.engine.dream import DreamReport
@@ -121,7 +121,7 @@ def foreign_hit(
     """A hit another shard ranked and answered (``message``), to be ranked and logged
     among this shard's; ``policy_of`` names the weights its channel ranked with."""
     memory = message.memory
-    memory_type = short_name("MEMORY_TYPE_", memory_pb2.MemoryType.Name(memory.memory_type))
+    memory_type = _engine_name(memory_pb2.MemoryType, "MEMORY_TYPE_", memory.memory_type)
     weights = policy_of(memory.channel).weights
     return ForeignHit(logged_hit(message, memory.id, memory_type, False, weights), message)
 
@@ -138,11 +138,17 @@ def shared_source(memory: memory_pb2.Memory) -> SharedSource:
         channel=memory.channel,
         id=memory.id,
         text=memory.text,
-        memory_type=short_name("MEMORY_TYPE_", memory_pb2.MemoryType.Name(memory.memory_type)),
+        memory_type=_engine_name(memory_pb2.MemoryType, "MEMORY_TYPE_", memory.memory_type),
         tags=dict(memory.tags),
-        source=short_name("SOURCE_", memory_pb2.Source.Name(memory.source)),
-        confidence=short_name("CONFIDENCE_", memory_pb2.Confidence.Name(memory.confidence)),
+        source=_engine_name(memory_pb2.Source, "SOURCE_", memory.source),
+        confidence=_engine_name(memory_pb2.Confidence, "CONFIDENCE_", memory.confidence),
     )
+
+
+def _engine_name(enum: Enum, prefix: str, number: int) -> str:
+    """The engine name of a number another node answered with ("unspecified" for one
+    this release does not know)."""
+    return enum_name(enum, prefix, number) or "unspecified"
 
 
 def evaluation_message(

@@ -37,7 +37,8 @@ __all__ = [
 FORWARDED_BY = "calor-forwarded-by"
 OWNER = "calor-owner"
 SHARD = "calor-shard"
-"""The shard a call that every shard answers is asked of, in the call to its owner."""
+"""The shard a call is asked of, in a call to that shard's owner (a fan-out to every
+shard, or a gather of other shards' answers)."""
 _Context = grpc.aio.ServicerContext[Any, Any]
 _DROPPED = ("user-agent", "grpc-", ":")
 # The channel's call of each kind, by (request streaming, response streaming).
