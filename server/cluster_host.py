@@ -61,6 +61,9 @@ log = logging.getLogger("calor.server")
 _BALANCE_SECONDS = 1.0
 _HANDOVER_SECONDS = 1.0
 """How long a node waits after handing a shard over before it hands over another."""
+_FOLLOW_SECONDS = 0.5
+"""How often a node reads the log of a shard another node owns (and at once when it
+takes the shard's lease)."""
 _ALIGN_SECONDS = 5.0
 """How often the first member looks at where the takeover's Raft leaders are."""
 _INSPECT = "/calor.v1.MemoryService/Inspect"
@@ -78,6 +81,7 @@ class _Slot:
         self.calls = 0  # calls being answered here
         self.published = 0  # the last of the shard's events in the events stream
         self.leave = asyncio.Event()  # set: the lease was lost, or the shard handed over
+        self.woken = asyncio.Event()  # set: the lease was taken, or the node stops
 
     @property
     def owning(self) -> bool:
@@ -190,6 +194,7 @@ class ClusterHost:
         shard: Shard | None = None
         publishing: asyncio.Task[None] | None = None
         slot.leave = leave = asyncio.Event()
+        slot.woken = woken = asyncio.Event()
         try:
             join = partial(
                 ShardReplica.join,
@@ -206,13 +211,16 @@ class ClusterHost:
             def lost() -> None:  # heard on the replica's lease thread
                 loop.call_soon_threadsafe(leave.set)
 
-            replica.on_lost = lost
+            def taken() -> None:  # heard on the replica's lease thread
+                loop.call_soon_threadsafe(woken.set)
+
+            replica.on_lost, replica.on_taken = lost, taken
             replica.start()
             while not replica.owning:  # follow the log meanwhile: a takeover is short
                 await loop.run_in_executor(self._blocking, replica.keep_up, store)
                 if self._stopping.is_set():
                     return
-                await _wait(leave, 0.5)
+                await _wait(woken, _FOLLOW_SECONDS)
             started = time.monotonic()
             applied = await loop.run_in_executor(self._blocking, replica.take_over, store)
             shard = await serve(store, directory)
@@ -544,6 +552,7 @@ class ClusterHost:
         self._stopping.set()
         for slot in self._slots:
             slot.leave.set()
+            slot.woken.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         loop = asyncio.get_running_loop()
         try:

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from functools import partial
 
+from nats.errors import Error as NatsError
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -131,11 +132,7 @@ class JetStreamLog:
         last = self.last()
         seen = position
         while seen < last:
-            chunk = []
-            if last - seen <= _NEAR:
-                chunk = self._nats.persist(partial(self._near, seen + 1), "read the write log")
-            if not chunk:  # a long tail, or the server that answered lags the leader
-                chunk = self._nats.persist(partial(self._chunk, seen + 1), "read the write log")
+            chunk = self._read(seen + 1, last)
             if not chunk:
                 return
             for number, after, data in chunk:
@@ -146,6 +143,22 @@ class JetStreamLog:
                     )
                 seen = number
                 yield number, data
+
+    def _read(self, start: int, last: int) -> list[tuple[int, int | None, bytes]]:
+        """The next entries from position ``start`` on: a short tail entry by entry from
+        any server, a long one (or one the server that answered does not hold yet)
+        through a consumer; entry by entry again while no consumer can be made (the
+        cluster elects its meta leader)."""
+        near = partial(self._near, start)
+        if last - start < _NEAR:
+            chunk = self._nats.persist(near, "read the write log")
+            if chunk:
+                return chunk
+        try:
+            return self._nats.run(self._chunk(start))
+        except (NatsError, TimeoutError):
+            log.warning("write log: no consumer can be made now; reading entry by entry")
+            return self._nats.persist(near, "read the write log")
 
     def trim(self, through: int) -> None:
         """Drop the shard's entries before position ``through`` (a snapshot holds them);
@@ -214,14 +227,15 @@ class JetStreamLog:
 
         async def read() -> int:
             try:
-                message = await self._js.get_last_msg(self.stream, self._subject)
+                message = await self._js.get_last_msg(self.stream, self._subject, direct=True)
             except NotFoundError:
                 return 0
             return int(message.seq or 0)
 
-        # Asked again after half a second: while the stream elects a leader no server
-        # answers, and a new owner waits on this once one does.
-        return self._nats.persist(read, "read the write log's end", attempt_seconds=0.5)
+        # Any server of the stream answers, while it elects a leader too. One that lags
+        # may name an earlier entry: a follower reads the rest next time, and a writer
+        # that missed an entry is refused by the fence (it catches up and tries again).
+        return self._nats.persist(read, "read the write log's end")
 
 
 def _after(headers: dict[str, str] | None) -> int | None:

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 BUCKET = "calor_placement"
 _KEY = "shard-{shard}"
+_PROBE_KEY = "probe"
+_NO_REVISION = 2**63 - 1
 _WRONG_LAST_SEQUENCE = 10071
 """JetStream's refusal of a write that names another revision than the key's last (a
 delete's refusal comes as it is; the KV client turns an update's into
@@ -106,6 +108,23 @@ class Lease:
             return True
 
         return bool(self._seen) and self._nats.persist(delete, "break a dead owner's lease")
+
+    def probe(self) -> None:
+        """Make sure the bucket takes writes now (its leader answers), by a write it
+        refuses: one that names a revision no key reaches.
+
+        Raises:
+            nats.errors.Error: It takes none now (one try).
+        """
+
+        async def refused() -> None:
+            try:
+                await self._bucket.update(_PROBE_KEY, b"", last=_NO_REVISION)
+            except KeyWrongLastSequenceError:
+                return
+            raise RuntimeError("the bucket took a write naming a revision it cannot have")
+
+        self._nats.run(refused())
 
     def acquire(self) -> bool:
         """Take the lease if it is free; whether this node holds it now."""

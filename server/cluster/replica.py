@@ -24,13 +24,18 @@ log = logging.getLogger(__name__)
 
 _SNAPSHOT_CHECK_SECONDS = 1.0
 _PROBE_SECONDS = 0.25
+_WATCH_SECONDS = 0.25
+"""How often a node that does not own the shard reads who does (other nodes' calls are
+forwarded to the owner it read last)."""
 _RETRY_SECONDS = 0.1
 _GRACE_SECONDS = 3 * _RETRY_SECONDS
-"""How long a node that found the lease free waits before taking it: an owner whose
-renewals NATS could not take (a KV leader being elected) is back first to regain it."""
+"""How long the bucket must have taken writes before a node takes a lease that lapsed:
+an owner whose renewals NATS could not take (the bucket's leader being elected) is back
+first to regain it."""
 _ORPHAN_SECONDS = 1.5
 """How long a lease stays free before a node takes it though it owns its share already
-(the node that should take it is gone, and the members do not show it yet)."""
+or has not caught up with the log yet (the node that should take it is gone, and the
+members do not show it yet)."""
 
 
 class ShardReplica:
@@ -54,8 +59,11 @@ class ShardReplica:
         self.snapshots = snapshots
         self.me = lease.me
         self.on_lost: Callable[[], None] = lambda: None
+        self.on_taken: Callable[[], None] = lambda: None
         self._wants = wants
         self._free_since: float | None = None  # when the lease was first seen free
+        self._writable_since: float | None = None  # since when the bucket takes writes
+        self._caught_up = threading.Event()  # the log was followed to its end once
         self._lease = lease
         self._lease_seconds = lease_seconds
         self._owner: Owner | None = None
@@ -105,6 +113,7 @@ class ShardReplica:
             with self._using_store:
                 if not self._stopping.is_set():
                     self.follow(store)
+                    self._caught_up.set()
         except Exception:  # NATS away for longer than a retry: try again later
             log.warning(
                 "node %s could not follow shard %d's write log",
@@ -213,31 +222,14 @@ class ShardReplica:
         """The lease loop: renew it while held, else watch it and take it when free."""
         renew_every = self._lease_seconds / 3
         while not self._stopping.is_set():
-            pause = renew_every if self._owning.is_set() else min(0.5, renew_every)
+            pause = renew_every if self._owning.is_set() else min(_WATCH_SECONDS, renew_every)
             try:
                 if self._owning.is_set():
                     if not self._lease.renew() and not self._regain():
                         self._lose("lost the shard's lease")
                         return
                 else:
-                    owner = self._lease.owner()
-                    if owner is not None and self._gone(owner) and self._lease.break_():
-                        log.warning(
-                            "node %s: the owner %s refuses connections: its lease broken",
-                            self.me.node_id,
-                            owner.node_id,
-                        )
-                        owner = None
-                        self._free_since = 0.0  # its owner is gone: take it, wanted or not
-                    if owner is not None:
-                        self._free_since = None
-                    elif self._may_take():
-                        if self._stopping.wait(_GRACE_SECONDS):
-                            break
-                        if self._lease.owner() is None and self._lease.acquire():
-                            owner = self.me
-                            self._owning.set()
-                    self._owner = owner
+                    self._watch()
                 self.placed.set()
             except Exception:  # NATS away: a held lease may lapse, a renewal then fails
                 log.warning(
@@ -245,23 +237,63 @@ class ShardReplica:
                     self.me.node_id,
                     exc_info=True,
                 )
+                self._writable_since = None
                 pause = _RETRY_SECONDS  # back first when NATS is: the lease is ours to regain
             self._stopping.wait(pause)
 
+    def _watch(self) -> None:
+        """Read who owns the shard; take the lease at once if its owner is gone (this
+        node broke it), or once the bucket has taken writes for a while if it is free and
+        this node should take it."""
+        owner = self._lease.owner()
+        if owner is not None and self._gone(owner) and self._lease.break_():
+            log.warning(
+                "node %s: the owner %s refuses connections: its lease broken",
+                self.me.node_id,
+                owner.node_id,
+            )
+            self._owner = None
+            self._take()
+        elif owner is not None:
+            self._owner = owner
+            self._free_since = self._writable_since = None
+        else:
+            self._owner = None
+            if self._may_take() and self._settled():
+                self._take()
+
+    def _take(self) -> None:
+        """Take the free lease (``on_taken`` hears it)."""
+        if self._lease.acquire():
+            self._owner = self.me
+            self._owning.set()
+            self.on_taken()
+
     def _may_take(self) -> bool:
-        """Whether to take the free lease: this node wants one more shard, or the lease
-        has been free too long for a node that does to be coming (or this node broke
-        it: the owner is gone, and the members may not show it yet)."""
+        """Whether to take the free lease: this node wants one more shard and has caught
+        up with the log, or the lease has been free too long for a node that does to be
+        coming."""
         now = time.monotonic()
         if self._free_since is None:
             self._free_since = now
-        return self._wants() or now - self._free_since > _ORPHAN_SECONDS
+        wanted = self._wants() and self._caught_up.is_set()
+        return wanted or now - self._free_since > _ORPHAN_SECONDS
+
+    def _settled(self) -> bool:
+        """Whether the bucket has taken writes for :data:`_GRACE_SECONDS` (asked of it
+        once; an error while it takes none)."""
+        now = time.monotonic()
+        if self._writable_since is None:
+            self._lease.probe()
+            self._writable_since = now
+        return now - self._writable_since >= _GRACE_SECONDS
 
     def _gone(self, owner: Owner) -> bool:
         """Whether the owner's process is gone: its address refused a connection twice,
         one look apart (a port nothing listens on; a node that hangs or cannot be
-        reached is not taken for gone, its lease lapses instead)."""
-        if owner == self.me or not _refuses(owner.address):
+        reached is not taken for gone, its lease lapses instead). A node that has not
+        caught up with the log leaves that to the others, which can take over at once."""
+        if owner == self.me or not self._caught_up.is_set() or not _refuses(owner.address):
             self._refused = None
             return False
         if self._refused != owner:
