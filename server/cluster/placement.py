@@ -21,6 +21,7 @@ from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NotFoundError,
 )
 from nats.js.kv import KeyValue
 
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 BUCKET = "calor_placement"
 _KEY = "shard-{shard}"
+_OPERATION = "KV-Operation"
+_REMOVED = ("DEL", "PURGE")
+"""How a KV entry's headers mark a deleted key."""
 _PROBE_KEY = "probe"
 _NO_REVISION = 2**63 - 1
 _WRONG_LAST_SEQUENCE = 10071
@@ -63,6 +67,8 @@ class Lease:
         self._nats = nats
         self._bucket = bucket
         self._key = _KEY.format(shard=shard)
+        self._stream = f"KV_{BUCKET}"
+        self._subject = f"$KV.{BUCKET}.{self._key}"
         self.me = me
         self._revision = 0  # of our entry while we hold the lease; 0 while we do not
         self._seen = 0  # the revision of the owner's entry last read
@@ -130,10 +136,13 @@ class Lease:
         """Take the lease if it is free; whether this node holds it now."""
 
         async def create() -> int:
+            revision, value = await self._latest()
+            if value is not None:  # held: by this node if an earlier try's answer was lost
+                return revision if value == self.me.to_bytes() else 0
             try:
-                return await self._bucket.create(self._key, self.me.to_bytes())
+                return await self._bucket.update(self._key, self.me.to_bytes(), last=revision)
             except KeyWrongLastSequenceError:
-                return await self._ours()  # an earlier try's answer may have been lost
+                return 0  # another node took it first
 
         self._revision = self._nats.persist(create, "take the store's lease")
         if self._revision:
@@ -157,11 +166,19 @@ class Lease:
         """The revision of the entry if it is this node's (a write whose answer was lost
         while the bucket changed leaders landed: no other node writes this node's
         entry); 0 if it is another's or there is none."""
+        revision, value = await self._latest()
+        return revision if value == self.me.to_bytes() else 0
+
+    async def _latest(self) -> tuple[int, bytes | None]:
+        """The key's last revision and its value (None if it was deleted, or lapsed:
+        then the revision is 0), as the bucket's leader has them (a server that lags it
+        may not have the last write yet)."""
         try:
-            entry = await self._bucket.get(self._key)
-        except (KeyNotFoundError, KeyDeletedError):
-            return 0
-        return int(entry.revision or 0) if entry.value == self.me.to_bytes() else 0
+            message = await self._nats.js.get_last_msg(self._stream, self._subject)
+        except NotFoundError:
+            return 0, None
+        deleted = (message.headers or {}).get(_OPERATION) in _REMOVED
+        return int(message.seq or 0), None if deleted else (message.data or b"")
 
     def release(self) -> None:
         """Give the lease up now, if this node still holds it (a node stopping cleanly:

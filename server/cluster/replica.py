@@ -63,6 +63,7 @@ class ShardReplica:
         self._wants = wants
         self._free_since: float | None = None  # when the lease was first seen free
         self._writable_since: float | None = None  # since when the bucket takes writes
+        self._dead: Owner | None = None  # the owner last seen gone, until another owns it
         self._caught_up = threading.Event()  # the log was followed to its end once
         self._lease = lease
         self._lease_seconds = lease_seconds
@@ -243,29 +244,33 @@ class ShardReplica:
 
     def _watch(self) -> None:
         """Read who owns the shard; take the lease at once if its owner is gone (this
-        node broke it), or once the bucket has taken writes for a while if it is free and
-        this node should take it."""
+        node saw its address refuse connections, and broke the lease or saw it lapse),
+        or once the bucket has taken writes for a while if it is free and this node
+        should take it."""
         owner = self._lease.owner()
-        if owner is not None and self._gone(owner) and self._lease.break_():
-            log.warning(
-                "node %s: the owner %s refuses connections: its lease broken",
-                self.me.node_id,
-                owner.node_id,
-            )
-            self._owner = None
-            self._take()
-        elif owner is not None:
+        if owner is not None and self._gone(owner):
+            self._dead = owner
+            if self._lease.break_():
+                log.warning(
+                    "node %s: the owner %s refuses connections: its lease broken",
+                    self.me.node_id,
+                    owner.node_id,
+                )
+                owner = None
+        if owner is not None:
             self._owner = owner
             self._free_since = self._writable_since = None
-        else:
-            self._owner = None
-            if self._may_take() and self._settled():
-                self._take()
+            if owner != self._dead:
+                self._dead = None
+            return
+        self._owner = None
+        if self._dead is not None or (self._may_take() and self._settled()):
+            self._take()  # a dead owner's, wanted or not
 
     def _take(self) -> None:
         """Take the free lease (``on_taken`` hears it)."""
         if self._lease.acquire():
-            self._owner = self.me
+            self._owner, self._dead = self.me, None
             self._owning.set()
             self.on_taken()
 
