@@ -369,7 +369,7 @@ class ClusterHost:
     def _every_shard_owned(self) -> bool:
         """Whether each shard is served here or has an owner elsewhere, as last seen."""
         return all(
-            slot.shard is not None or (slot.replica is not None and slot.replica.owner())
+            slot.shard is not None or (slot.replica is not None and not slot.replica.free)
             for slot in self._slots
         )
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,8 @@ class Drill:
             cluster.nats.start_server(server)
             wait_for_port(cluster.nats.client_ports[server], 60.0)
         for number in [*stopped, *([] if node is None else [node])]:
-            cluster.start_node(number)
+            cluster.start_node(number)  # until it serves: it joined again
+        cluster.nats.wait_whole()  # the next round kills one server of a whole cluster
         return {
             "round": number,
             "kind": kind,
@@ -202,15 +204,19 @@ class Drill:
 
     def every_channel_answers(self) -> dict[str, float]:
         """Seconds until a write to each channel through a live node was acknowledged,
-        the channels probed one after the other."""
+        every channel probed at once."""
         started = time.monotonic()
-        answered = {}
-        for channel in CHANNELS:
+        seeds = {channel: self._rng.random() for channel in CHANNELS}
+
+        def probe(channel: str) -> float:
             text = f"probe of {channel} at {time.time_ns()}"
-            if not self._writes.store(self._nodes, self._rng, channel, text):
+            rng = random.Random(seeds[channel])  # which live node each try goes through
+            if not self._writes.store(self._nodes, rng, channel, text):
                 raise TimeoutError(f"{channel} did not answer in {ANSWER_SECONDS} s")
-            answered[channel] = round(time.monotonic() - started, 3)
-        return answered
+            return round(time.monotonic() - started, 3)
+
+        with ThreadPoolExecutor(len(CHANNELS), thread_name_prefix="drill-probe") as probes:
+            return dict(zip(CHANNELS, probes.map(probe, CHANNELS), strict=True))
 
     def _stored(self, number: int) -> dict[str, list[tuple[str, str]]]:
         """Every live memory of each drill channel, as node ``number`` answers (asked

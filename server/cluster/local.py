@@ -21,8 +21,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
 import nats
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.errors import Error as NatsError
+from nats.js.api import ClusterInfo
 
 __all__ = [
     "LocalCluster",
@@ -32,6 +35,7 @@ __all__ = [
     "nats_server_binary",
     "start_node",
     "wait_for_port",
+    "wait_until_serving",
 ]
 
 NATS_SERVERS = 3
@@ -97,6 +101,29 @@ class NatsServers:
         finally:
             await client.close()
 
+    def wait_whole(self, timeout: float = 60.0) -> None:
+        """Wait until every stream has a leader and every one of its replicas is
+        current (a restarted server caught up): the cluster can lose a server again
+        without losing a stream's quorum."""
+        asyncio.run(self._whole(timeout))
+
+    async def _whole(self, timeout: float) -> None:
+        client = await nats.connect(self.urls)
+        try:
+            js, give_up = client.jetstream(timeout=2.0), time.monotonic() + timeout
+            while True:
+                try:
+                    streams = await js.streams_info()
+                    if all(_whole(stream.cluster) for stream in streams):
+                        return
+                except (NatsError, TimeoutError):
+                    pass
+                if time.monotonic() > give_up:
+                    raise TimeoutError(f"JetStream not whole again within {timeout} s")
+                await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+
     def start_server(self, number: int) -> None:
         """Start (or restart, on its old store) server ``number``."""
         name = f"n{number}"
@@ -153,15 +180,16 @@ class LocalCluster:
         return [f"127.0.0.1:{port}" for port in self.ports]
 
     def start(self) -> None:
-        """Start the NATS servers, then every node; wait until each listens."""
+        """Start the NATS servers, then every node; wait until each serves."""
         self.nats.start()
         for number in range(len(self.ports)):
             self.start_node(number, wait=False)
         for port in self.ports:
-            wait_for_port(port, 120.0)
+            wait_until_serving(port, 120.0)
 
     def start_node(self, number: int, *, wait: bool = True) -> None:
-        """Start (or restart, on its old data) node ``number``."""
+        """Start (or restart, on its old data) node ``number``; with ``wait``, until it
+        serves (it joined the cluster: it answers, or forwards to the owners)."""
         name = f"node-{number}"
         self.processes[number] = start_node(
             self.nats.urls,
@@ -172,7 +200,7 @@ class LocalCluster:
             *self.options,
         )
         if wait:
-            wait_for_port(self.ports[number], 120.0)
+            wait_until_serving(self.ports[number], 120.0)
 
     def kill_node(self, number: int) -> None:
         """``kill -9`` node ``number``."""
@@ -230,6 +258,34 @@ def wait_for_port(port: int, timeout: float) -> None:
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"nothing listens on port {port}")
+
+
+def wait_until_serving(port: int, timeout: float) -> None:
+    """Wait until the node on ``port`` says SERVING to a health check (TimeoutError after
+    ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                # The health stubs declare HealthStub without its methods.
+                answer = health.Check(  # type: ignore[attr-defined, unused-ignore]
+                    health_pb2.HealthCheckRequest(), timeout=1.0
+                )
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.1)
+    raise TimeoutError(f"the node on port {port} did not serve within {timeout} s")
+
+
+def _whole(cluster: ClusterInfo | None) -> bool:
+    """Whether a stream has a leader and each of its other replicas is current."""
+    return cluster is None or (
+        bool(cluster.leader)
+        and all(peer.current and not peer.offline for peer in cluster.replicas or [])
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

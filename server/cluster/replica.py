@@ -68,6 +68,8 @@ class ShardReplica:
         self._lease = lease
         self._lease_seconds = lease_seconds
         self._owner: Owner | None = None
+        self.free = True
+        """Whether the lease was free (or not read yet) when this node last read it."""
         self._owning = threading.Event()
         self.placed = threading.Event()
         """Set once the lease was read: this node knows who owns the shard, or takes it."""
@@ -212,8 +214,9 @@ class ShardReplica:
         return self._owning.is_set()
 
     def owner(self) -> Owner | None:
-        """The other node that owns the shard, as last seen; None while this one does or
-        no owner is known."""
+        """The other node that owns the shard, as last seen (still while the lease reads
+        free, until another takes it or this one is known gone); None while this node
+        owns it or no owner is known."""
         owner = self._owner
         if self._owning.is_set() or owner is None or owner == self.me:
             return None
@@ -248,6 +251,7 @@ class ShardReplica:
         or once the bucket has taken writes for a while if it is free and this node
         should take it."""
         owner = self._lease.owner()
+        self.free = owner is None
         if owner is not None and self._gone(owner):
             self._dead = owner
             if self._lease.break_():
@@ -257,20 +261,27 @@ class ShardReplica:
                     owner.node_id,
                 )
                 owner = None
+                self.free = True
         if owner is not None:
             self._owner = owner
             self._free_since = self._writable_since = None
             if owner != self._dead:
                 self._dead = None
             return
-        self._owner = None
-        if self._dead is not None or (self._may_take() and self._settled()):
-            self._take()  # a dead owner's, wanted or not
+        if self._dead is not None:  # a dead owner's, wanted or not
+            self._owner = None
+            self._take()
+            return
+        # Calls still go to the last owner seen: it may be renewing the lease right now
+        # (it lapsed while NATS took no writes), or this read came from a server that
+        # lags; a node that no longer owns the shard refuses them, as would this one.
+        if self._may_take() and self._settled():
+            self._take()
 
     def _take(self) -> None:
         """Take the free lease (``on_taken`` hears it)."""
         if self._lease.acquire():
-            self._owner, self._dead = self.me, None
+            self._owner, self._dead, self.free = self.me, None, False
             self._owning.set()
             self.on_taken()
 
