@@ -3,33 +3,21 @@ cluster's members, and one slot per shard, which follows the shard's write log u
 this node takes the shard's lease, then serves the shard until the lease is lost or
 handed to a node that owns fewer.
 
-A call reaches the shard of its channel: answered here while this node serves that
-shard, forwarded to the shard's owner otherwise (:meth:`ClusterHost.place`).
+A call reaches the shard of its channel (:mod:`calor.server.cluster_routes`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from calor.server.api.forwarding import Fanout, Gather
-from calor.server.api.routing import (
-    FANNED_OUT,
-    QUERY_VECTOR,
-    channels_of,
-    merge,
-    method_name,
-    shard_of,
-)
 from calor.server.cluster.connection import NatsConnection
 from calor.server.cluster.events import ClusterEvents
 from calor.server.cluster.leaders import Leaders
@@ -37,17 +25,13 @@ from calor.server.cluster.members import Members, share
 from calor.server.cluster.placement import Owner
 from calor.server.cluster.replica import ShardReplica
 from calor.server.cluster.settings import SharedSettings
+from calor.server.cluster_routes import Routes, Slot
 from calor.server.config import ServerConfig
-from calor.server.errors import (
-    FailedPreconditionError,
-    ResourceExhaustedError,
-    UnavailableError,
-)
+from calor.server.errors import ResourceExhaustedError
 from calor.server.metrics import ClusterCounts, ServerCounts, sum_counts
 from calor.server.shard import Shard
 from calor.server.storage.store import MemoryStore
 from calor.triggers.subscriptions import EventFilter
-from calor.v1 import memory_service_pb2 as pb
 
 OpenStore = Callable[[Path], MemoryStore]
 """Opens (or makes) a shard's store in a directory (blocking)."""
@@ -66,33 +50,6 @@ _FOLLOW_SECONDS = 0.5
 takes the shard's lease)."""
 _ALIGN_SECONDS = 5.0
 """How often the first member looks at where the takeover's Raft leaders are."""
-_INSPECT = "/calor.v1.MemoryService/Inspect"
-
-
-class _Slot:
-    """One shard on this node: its replica (following or owning) and, while this node
-    serves it, the shard's engine and servicers."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.replica: ShardReplica | None = None
-        self.store: MemoryStore | None = None
-        self.shard: Shard | None = None
-        self.calls = 0  # calls being answered here
-        self.published = 0  # the last of the shard's events in the events stream
-        self.leave = asyncio.Event()  # set: the lease was lost, or the shard handed over
-        self.woken = asyncio.Event()  # set: the lease was taken, or the node stops
-
-    @property
-    def owning(self) -> bool:
-        replica = self.replica
-        return replica is not None and replica.owning
-
-    @property
-    def position(self) -> int:
-        """The last write-log entry this node's store of the shard holds."""
-        store = self.store
-        return store.log_position if store is not None else 0
 
 
 class ClusterHost:
@@ -115,7 +72,8 @@ class ClusterHost:
         self.events = events
         self._nats = nats
         self._members = members
-        self._slots = [_Slot(index) for index in range(config.shards)]
+        self._slots = [Slot(index) for index in range(config.shards)]
+        self._routes = Routes(self._slots, me)
         self._target = target  # shards this node should own; kept by the balancer
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -173,7 +131,7 @@ class ClusterHost:
         ):
             await asyncio.sleep(0.02)
 
-    async def _keep(self, slot: _Slot, open_store: OpenStore, serve: ServeShard) -> None:
+    async def _keep(self, slot: Slot, open_store: OpenStore, serve: ServeShard) -> None:
         """Hold one shard on this node, again and again: follow it, serve it while
         owning it, and start over when it is lost or handed over."""
         while not self._stopping.is_set():
@@ -185,7 +143,7 @@ class ClusterHost:
                 )
                 await _wait(self._stopping, 1.0)
 
-    async def _hold(self, slot: _Slot, open_store: OpenStore, serve: ServeShard) -> None:
+    async def _hold(self, slot: Slot, open_store: OpenStore, serve: ServeShard) -> None:
         """Follow the shard until this node takes its lease, then serve it until the
         lease is lost, the shard handed over, or the node stops."""
         loop, config, index = asyncio.get_running_loop(), self.config, slot.index
@@ -257,7 +215,7 @@ class ClusterHost:
             else:
                 store.close()
 
-    async def _publish_events(self, slot: _Slot, shard: Shard) -> None:
+    async def _publish_events(self, slot: Slot, shard: Shard) -> None:
         """Append the shard's events to the cluster's events stream, in order, from the
         last one recorded as published (a new owner may offer a few again: the stream
         keeps each once)."""
@@ -278,7 +236,7 @@ class ClusterHost:
 
     def _forgot(
         self,
-        slot: _Slot,
+        slot: Slot,
         loop: asyncio.AbstractEventLoop,
         memories: set[tuple[str, str]],
         channels: set[str],
@@ -302,7 +260,7 @@ class ClusterHost:
 
         loop.call_soon_threadsafe(start)
 
-    async def _drained(self, slot: _Slot) -> None:
+    async def _drained(self, slot: Slot) -> None:
         """Wait until the calls this node was answering for the shard are done (at most
         the grace period)."""
         deadline = time.monotonic() + self.config.grace_seconds
@@ -376,162 +334,12 @@ class ClusterHost:
     def place(
         self, method: str, request: Any, forwarded: bool, shard: int | None = None
     ) -> Callable[..., Any] | str | Fanout | Gather:
-        """Where the call goes: the behaviour that answers it here, the address of the
-        node that owns its shard, every shard's owner (a call naming no channel that
-        every shard answers; ``shard``: the one such a call was asked of), or, for a
-        recall naming channels of other shards, this node with their owners' hits.
-
-        Raises:
-            FailedPreconditionError: The call names channels of several shards (other
-                than a recall).
-            UnavailableError: No node serves the shard right now, or the call was
-                forwarded here and this node no longer serves it.
-        """
-        name = method_name(method)
-        channels = channels_of(name, request)
-        if shard is not None and 0 <= shard < len(self._slots):
-            index = shard
-        elif channels is None and name in FANNED_OUT and len(self._slots) > 1:
-            return Fanout(
-                tuple((slot.index, self._address(slot)) for slot in self._slots),
-                partial(merge, name, request),
-            )
-        elif name == "Recall" and len(self._slots) > 1:
-            return self._recall(method, request, forwarded)
-        elif name == "Share" and len(self._slots) > 1:
-            return self._share(method, request, forwarded)
-        else:
-            index = self._shard_for(name, channels)
-        return self._served_here(index, method, forwarded)
-
-    def _recall(
-        self, method: str, request: Any, forwarded: bool
-    ) -> Callable[..., Any] | str | Gather:
-        """A recall goes to its own channel's shard; the further channels it names that
-        other shards hold are ranked by their owners (a peek: only the own channel's
-        hits are recalled), and their hits take their place among the shard's."""
-        count = len(self._slots)
-        index = shard_of(request.channel, count)
-        local = self._served_here(index, method, forwarded)
-        others = sorted({shard_of(channel, count) for channel in request.channels} - {index})
-        if isinstance(local, str) or not others:
-            return local
-        asked = pb.RecallRequest()
-        asked.CopyFrom(request)
-        asked.peek = True
-        targets = tuple((other, self._address(self._slots[other])) for other in others)
-        embed = self._slots[index].shard
-        assert embed is not None  # served here: local is its behaviour
-        vector = partial(_query_vector, embed.runtime.embeddings.query, request.query)
-        return Gather(targets, asked, local, metadata=vector)
-
-    def _share(
-        self, method: str, request: Any, forwarded: bool
-    ) -> Callable[..., Any] | str | Gather:
-        """A share goes to its target channel's shard, which stores the copy; a memory
-        another shard holds is read from its owner (``Inspect``)."""
-        count = len(self._slots)
-        source, index = shard_of(request.channel, count), shard_of(request.target_channel, count)
-        local = self._served_here(index, method, forwarded)
-        if isinstance(local, str) or source == index:
-            return local
-        asked = pb.InspectRequest(channel=request.channel, id=request.id)
-        targets = ((source, self._address(self._slots[source])),)
-        return Gather(targets, asked, local, _INSPECT)
-
-    def _served_here(self, index: int, method: str, forwarded: bool) -> Callable[..., Any] | str:
-        """The behaviour that answers ``method`` for shard ``index`` here, or the address
-        of the node that serves it.
-
-        Raises:
-            UnavailableError: No node serves it right now, or the call was forwarded here
-                and this node no longer serves it.
-        """
-        slot = self._slots[index]
-        served = slot.shard
-        if served is not None:
-            return self._answer(slot, served, method, method_name(method))
-        if forwarded:  # here as to the owner, which this node is no longer
-            raise _no_owner(index)
-        return self._owner_address(slot)
+        """Where the call goes (:meth:`calor.server.cluster_routes.Routes.place`)."""
+        return self._routes.place(method, request, forwarded, shard)
 
     def shard_of(self, method: str, request: Any) -> int:
-        """The shard a call goes to, from its (first) request.
-
-        Raises:
-            FailedPreconditionError: It names channels of several shards.
-        """
-        name = method_name(method)
-        return self._shard_for(name, channels_of(name, request))
-
-    def _address(self, slot: _Slot) -> str:
-        """Where the shard is served: this node, or its owner.
-
-        Raises:
-            UnavailableError: No node serves it right now.
-        """
-        return self.me.address if slot.shard is not None else self._owner_address(slot)
-
-    @staticmethod
-    def _owner_address(slot: _Slot) -> str:
-        """The address of the other node that owns the shard.
-
-        Raises:
-            UnavailableError: No node owns it right now.
-        """
-        owner = slot.replica.owner() if slot.replica is not None else None
-        if owner is None:
-            raise _no_owner(slot.index)
-        return owner.address
-
-    def _shard_for(self, name: str, channels: tuple[str, ...] | None) -> int:
-        count = len(self._slots)
-        if count == 1:
-            return 0
-        if channels is None:
-            if name == "ServerStatus":  # this node's own status
-                return next((s.index for s in self._slots if s.shard is not None), 0)
-            raise FailedPreconditionError(
-                f"{name} needs a channel in a cluster of {count} shards: name the channel "
-                "(each shard answers for its own)"
-            )
-        shards = {shard_of(channel, count) for channel in channels}
-        if len(shards) > 1:
-            raise FailedPreconditionError(
-                f"{name} names channels of different shards ({', '.join(channels)}): in a "
-                f"cluster of {count} shards a call reaches one shard"
-            )
-        return shards.pop()
-
-    def _answer(self, slot: _Slot, shard: Shard, method: str, name: str) -> Callable[..., Any]:
-        """The shard's servicer method for ``method``, counted among the slot's calls."""
-        service = method.split("/")[1].rsplit(".", 1)[-1]
-        api = {
-            "MemoryService": shard.memory_api,
-            "TriggerService": shard.trigger_api,
-            "SettingsService": shard.settings_api,
-        }[service]
-        behaviour = getattr(api, name)
-        if inspect.isasyncgenfunction(behaviour):
-
-            async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
-                slot.calls += 1
-                try:
-                    async for response in behaviour(request, context):
-                        yield response
-                finally:
-                    slot.calls -= 1
-
-            return streaming
-
-        async def answering(request: Any, context: Any) -> Any:
-            slot.calls += 1
-            try:
-                return await behaviour(request, context)
-            finally:
-                slot.calls -= 1
-
-        return answering
+        """The shard a call goes to (:meth:`calor.server.cluster_routes.Routes.shard_of`)."""
+        return self._routes.shard_of(method, request)
 
     def counts(self) -> ServerCounts:
         """What the shards this node serves hold now (blocking)."""
@@ -561,20 +369,6 @@ class ClusterHost:
             log.warning("node %s could not leave the members", self.me.node_id)
         await loop.run_in_executor(self._blocking, self._nats.close)
         self._blocking.shutdown(wait=False)
-
-
-def _no_owner(index: int) -> UnavailableError:
-    return UnavailableError(
-        f"shard {index} has no owner right now (a node is taking it over): call again"
-    )
-
-
-async def _query_vector(
-    embed: Callable[[str], Awaitable[np.ndarray]], query: str
-) -> list[tuple[str, bytes]]:
-    """A recall's query embedded once here, as metadata for the other shards' owners."""
-    vector = await embed(query)
-    return [(QUERY_VECTOR, np.asarray(vector, dtype=np.float32).tobytes())]
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

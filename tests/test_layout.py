@@ -14,8 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"server": "calor.server", "triggers": "calor.triggers", "models": "calor.models"}
 COMPOSITION_ROOT = "calor.server.app"  # builds the server: it alone wires server and triggers
-# The root's parts: one store's engine and triggers, and a cluster node's shards.
-ROOT_PARTS = ("calor.server.shard", "calor.server.cluster_host")
+# The root's parts: one store's engine and triggers, a cluster node's shards, and the
+# way its calls go to them.
+ROOT_PARTS = ("calor.server.shard", "calor.server.cluster_host", "calor.server.cluster_routes")
 
 
 def modules() -> Iterator[tuple[str, Path]]:

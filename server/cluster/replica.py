@@ -252,21 +252,18 @@ class ShardReplica:
         should take it."""
         owner = self._lease.owner()
         self.free = owner is None
-        if owner is not None and self._gone(owner):
-            self._dead = owner
-            if self._lease.break_():
-                log.warning(
-                    "node %s: the owner %s refuses connections: its lease broken",
-                    self.me.node_id,
-                    owner.node_id,
-                )
-                owner = None
-                self.free = True
+        if owner is not None:
+            self._dead = owner if self._gone(owner) else None  # else alive (again)
+        if owner is not None and owner == self._dead and self._lease.break_():
+            log.warning(
+                "node %s: the owner %s refuses connections: its lease broken",
+                self.me.node_id,
+                owner.node_id,
+            )
+            owner, self.free = None, True
         if owner is not None:
             self._owner = owner
             self._free_since = self._writable_since = None
-            if owner != self._dead:
-                self._dead = None
             return
         if self._dead is not None:  # a dead owner's, wanted or not
             self._owner = None
