@@ -12,6 +12,7 @@ PROTOS := $(wildcard protos/calor/v1/*.proto)
 TYPECHECK := $(VENV)/typecheck
 NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
+NATS_SERVER := $(VENV)/bin/nats-server
 
 .PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean nats-server cluster bench-cluster
 
@@ -27,14 +28,15 @@ $(NODE_STAMP): $(NODE_TEST)/package.json $(NODE_TEST)/package-lock.json
 	cd $(NODE_TEST) && npm ci --silent --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-## Debian's nats-server, for the cluster tests (cluster mode's write log is JetStream).
+## Debian's nats-server, for the cluster tests (cluster mode's write log is JetStream):
+## Debian 13's package (2.10), checked against the archive's index and unpacked into the
+## venv. Debian 12's 2.9.10 lets two concurrent writes naming the same last sequence both
+## through (nats-io/nats-server#4320), which the leases and the log's fence rely on.
 ## `make serve` does not need it.
-nats-server:
-	@command -v nats-server >/dev/null 2>&1 || test -x /usr/sbin/nats-server || { \
-	  sudo=$$(test "$$(id -u)" = 0 || echo sudo); \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  $$sudo apt-get install -y -q nats-server >/dev/null 2>&1 || \
-	  { $$sudo apt-get update -q && $$sudo apt-get install -y -q nats-server; }; }
+nats-server: $(NATS_SERVER)
+
+$(NATS_SERVER): | $(STAMP)
+	$(PY) -m calor.server.cluster.nats_install $@
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @bufbuild/buf@$(BUF_VERSION)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -332,6 +333,48 @@ def test_a_lease_changed_since_it_was_read_is_not_broken_and_not_tried_again(
         assert other.acquire()  # at once: asked of the leader, which has the release
     finally:
         probe.close()
+
+
+def _break_and_take(taker: Lease, start: threading.Barrier, held: dict[str, bool]) -> None:
+    """A node that saw the owner gone, at the same moment as another: it breaks the
+    lease (the first delete wins) and takes it."""
+    start.wait()
+    taker.break_()
+    held[taker.me.node_id] = taker.acquire()
+
+
+def test_of_two_nodes_taking_a_dead_owners_lease_at_the_same_moment_one_holds_it(
+    nats: NatsCluster,
+) -> None:
+    connections = [NatsConnection.open(nats.urls) for _ in range(3)]
+    try:
+        for shard in range(200, 220):  # leases of no node's shard
+            dead = Owner("dead", "127.0.0.1:1")
+            assert Lease.open(connections[0], shard, dead, lease_seconds=3, replicas=3).acquire()
+            takers = [
+                Lease.open(
+                    connections[n],
+                    shard,
+                    Owner(f"taker-{n}", f"127.0.0.1:{n + 10}"),
+                    lease_seconds=3,
+                    replicas=3,
+                )
+                for n in (1, 2)
+            ]
+            assert [taker.owner() for taker in takers] == [dead, dead]
+            start, held = threading.Barrier(2), {}
+            racing = [
+                threading.Thread(target=_break_and_take, args=(taker, start, held))
+                for taker in takers
+            ]
+            for thread in racing:
+                thread.start()
+            for thread in racing:
+                thread.join()
+            assert sorted(held.values()) == [False, True], f"shard {shard}: {held}"
+    finally:
+        for connection in connections:
+            connection.close()
 
 
 def test_a_lease_write_that_landed_without_its_answer_still_counts_as_held(

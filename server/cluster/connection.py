@@ -19,6 +19,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from calor.server.cluster.nats_install import FIXED_VERSION
 from calor.server.errors import CalorError, UnavailableError
 
 __all__ = ["JOIN_SECONDS", "NatsConnection", "bucket_config"]
@@ -91,6 +92,15 @@ class NatsConnection:
         except (NoServersError, OSError, TimeoutError) as error:
             _end(loop, thread)
             raise UnavailableError(f"no NATS server answered at {','.join(servers)}") from error
+        version = client.connected_server_version
+        if (version.major, version.minor, version.patch) < FIXED_VERSION:
+            log.warning(
+                "nats-server %s lets two concurrent writes naming the same last sequence "
+                "both through (nats-io/nats-server#4320): two nodes may then take one "
+                "lease; run %s or later (`make nats-server` fetches Debian's 2.10)",
+                ".".join(map(str, (version.major, version.minor, version.patch))),
+                ".".join(map(str, FIXED_VERSION)),
+            )
         return cls(client, loop, thread, timeout, retry_seconds)
 
     def run(self, work: Coroutine[Any, Any, _T], seconds: float | None = None) -> _T:

@@ -49,11 +49,16 @@ def free_port() -> int:
 
 
 def nats_server_binary() -> str:
-    """The ``nats-server`` executable (``make test`` and ``make cluster`` install Debian's
-    package when it is missing)."""
-    found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
+    """The ``nats-server`` executable: the virtualenv's (``make test`` and ``make
+    cluster`` unpack Debian's package there), else one on the ``PATH``."""
+    beside = Path(sys.executable).with_name("nats-server")
+    found = (
+        str(beside)
+        if beside.is_file()
+        else shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
+    )
     if found is None:
-        raise RuntimeError("nats-server is not installed: `make cluster` installs it")
+        raise RuntimeError("nats-server is not installed: `make nats-server` installs it")
     return found
 
 

@@ -150,7 +150,7 @@ class ShardReplica:
         Raises:
             UnavailableError: The node is stopping.
         """
-        fenced = _Fenced(self.write_log, self._lose)
+        fenced = _Fenced(self.write_log, self._lose, self._owning.is_set)
         with self._using_store:
             if self._stopping.is_set():
                 raise UnavailableError("the node is stopping")
@@ -364,16 +364,22 @@ class ShardReplica:
 
 
 class _Fenced:
-    """The write log as the owner's store appends to it: once ``armed``, an append the
+    """The write log as the owner's store appends to it: nothing is appended once this
+    node knows it lost the lease (``holding`` says no), and once ``armed``, an append the
     log refuses (it holds an entry this node has not applied: another node wrote) means
     this node lost the store, and ``lost`` hears why."""
 
-    def __init__(self, write_log: JetStreamLog, lost: Callable[[str], None]) -> None:
+    def __init__(
+        self, write_log: JetStreamLog, lost: Callable[[str], None], holding: Callable[[], bool]
+    ) -> None:
         self._log = write_log
         self._lost = lost
+        self._holding = holding
         self.armed = False
 
     def append(self, entry: bytes, after: int) -> int:
+        if not self._holding():
+            raise UnavailableError("this node no longer holds the shard's lease: call again")
         try:
             return self._log.append(entry, after)
         except LogBehindError:
