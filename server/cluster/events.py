@@ -18,9 +18,11 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Protocol
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from typing import Any, Protocol, TypeVar
 
+from nats.errors import Error as NatsError
 from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
@@ -38,12 +40,16 @@ from calor.server.events import LOG_LAST_SEQ_KEY, LOG_OLDEST_SEQ_KEY, EventRecor
 __all__ = ["ClusterEvents"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STREAM = "CALOR_EVENTS"
 _SUBJECTS = "calor.events.>"
 _BUCKET = "calor_events"
 _DEDUPLICATE_SECONDS = 600.0
 _RETRY_SECONDS = 0.25
+_ELECTION_SECONDS = 10.0
+"""How long a subscription waits for NATS to answer (JetStream elects a leader 4 to 9 s
+after the last one died)."""
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -155,8 +161,27 @@ class ClusterEvents:
             await self._nats.call(self._nats.js.purge_stream(STREAM, subject=subject))
 
     async def _bounds(self) -> tuple[int, int]:
-        info = await self._nats.call(self._nats.js.stream_info(STREAM))
+        info = await self._while_electing(lambda: self._nats.js.stream_info(STREAM))
         return int(info.state.first_seq), int(info.state.last_seq)
+
+    async def _while_electing(self, work: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+        """``work()`` on the NATS loop, asked again while no server answers (the stream,
+        or the cluster's meta leader that makes consumers, being elected) for up to
+        :data:`_ELECTION_SECONDS`: a subscriber starts late rather than failing.
+
+        Raises:
+            UnavailableError: Still no answer.
+        """
+        give_up = time.monotonic() + _ELECTION_SECONDS
+        while True:
+            try:
+                return await self._nats.call(work())
+            except (NatsError, TimeoutError) as error:
+                if time.monotonic() > give_up:
+                    raise UnavailableError(
+                        "the events stream cannot be read now: call again"
+                    ) from error
+            await asyncio.sleep(_RETRY_SECONDS)
 
     async def subscribe(
         self, wanted: _Filter, after_seq: int, *, from_oldest: bool = False
@@ -169,10 +194,7 @@ class ClusterEvents:
                 after it are no longer kept (unless ``from_oldest``, or it is 0).
             UnavailableError: The stream cannot be read (NATS away).
         """
-        try:
-            first, last = await self._bounds()
-        except Exception as error:
-            raise UnavailableError("the events stream cannot be read now: call again") from error
+        first, last = await self._bounds()
         if after_seq > last:
             raise OutOfRangeError(
                 f"after_seq={after_seq} is beyond the end of the event log: its last "
@@ -196,8 +218,10 @@ class ClusterEvents:
         config = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
         )
-        subscription = await self._nats.call(
-            self._nats.js.subscribe(_SUBJECTS, ordered_consumer=True, config=config, cb=deliver)
+        subscription = await self._while_electing(
+            lambda: self._nats.js.subscribe(
+                _SUBJECTS, ordered_consumer=True, config=config, cb=deliver
+            )
         )
         seen = after_seq
         try:
