@@ -38,6 +38,7 @@ _REMOVED = ("DEL", "PURGE")
 """How a KV entry's headers mark a deleted key."""
 _PROBE_KEY = "probe"
 _NO_REVISION = 2**63 - 1
+"""A revision no key reaches: a write naming it is refused whenever the bucket answers."""
 _WRONG_LAST_SEQUENCE = 10071
 """JetStream's refusal of a write that names another revision than the key's last (a
 delete's refusal comes as it is; the KV client turns an update's into
@@ -146,7 +147,7 @@ class Lease:
 
         self._revision = self._nats.persist(create, "take the store's lease")
         if self._revision:
-            log.info("node %s took the store's lease", self.me.node_id)
+            log.info("node %s took the store's lease (%s)", self.me.node_id, self._key)
         return self.held
 
     def renew(self) -> bool:

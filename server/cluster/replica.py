@@ -230,7 +230,7 @@ class ShardReplica:
             try:
                 if self._owning.is_set():
                     if not self._lease.renew() and not self._regain():
-                        self._lose("lost the shard's lease")
+                        self._lose(f"lost the shard's lease (shard {self.index})")
                         return
                 else:
                     self._watch()
@@ -256,9 +256,10 @@ class ShardReplica:
             self._dead = owner if self._gone(owner) else None  # else alive (again)
         if owner is not None and owner == self._dead and self._lease.break_():
             log.warning(
-                "node %s: the owner %s refuses connections: its lease broken",
+                "node %s: the owner %s refuses connections: its lease broken (shard %d)",
                 self.me.node_id,
                 owner.node_id,
+                self.index,
             )
             owner, self.free = None, True
         if owner is not None:
