@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,9 @@ class ClusterHost:
         while True:
             slot.published = await loop.run_in_executor(self._blocking, events.published, index)
             try:
-                hub = shard.triggers.hub.subscribe(EventFilter(), slot.published, from_oldest=True)
+                hub = shard.triggers.hub.subscribe(
+                    EventFilter(), slot.published, from_oldest=True, relay=True
+                )
                 async for event in hub:
                     await events.publish(index, event)
                     slot.published = event.seq
@@ -342,9 +345,15 @@ class ClusterHost:
         return self._routes.shard_of(method, request)
 
     def counts(self) -> ServerCounts:
-        """What the shards this node serves hold now (blocking)."""
+        """What the shards this node serves hold now, and the subscriptions open through
+        it (blocking)."""
         held = [shard.counts() for slot in self._slots if (shard := slot.shard) is not None]
-        return sum_counts([counts for counts in held if counts is not None])
+        counts = sum_counts([counts for counts in held if counts is not None])
+        return replace(
+            counts,
+            subscribers=counts.subscribers + self.events.subscribers,
+            dropped_subscribers=counts.dropped_subscribers + self.events.dropped,
+        )
 
     def cluster_counts(self) -> ClusterCounts:
         """Which shards this node owns and serves, and the log position of each it

@@ -40,11 +40,23 @@ class ShardNode(Node):
         options = ("--shards", str(SHARDS), "--metrics-port", str(self.metrics_port))
         super().__init__(nats, data_dir, name, *options)
 
-    def owned(self) -> set[int]:
-        """The shards this node's metrics say it owns."""
+    def metrics(self) -> list[str]:
+        """This node's metrics, line by line, as it serves them now."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as answer:
-            lines = answer.read().decode().splitlines()
+            return list(answer.read().decode().splitlines())
+
+    def subscribers(self) -> float:
+        """The open subscriptions this node's metrics count."""
+        return next(
+            float(line.split()[-1])
+            for line in self.metrics()
+            if line.startswith("calor_subscribers ")
+        )
+
+    def owned(self) -> set[int]:
+        """The shards this node's metrics say it owns."""
+        lines = self.metrics()
         prefix = 'calor_cluster_owner{shard="'
         return {
             int(line[len(prefix) :].split('"')[0])
@@ -310,6 +322,8 @@ def test_one_subscription_follows_every_shard_and_resumes_on_another_node(
             b.store_in(channel, f"A secret of {channel}, told once."): channel
             for channel in CHANNELS
         }
+        # Each node relays its shards' events to the stream: no subscriber of its own.
+        assert (a.subscribers(), b.subscribers()) == (0, 0)
         stream = a.triggers.Subscribe(start, timeout=TIMEOUT)
         seen = []
         for response in stream:
@@ -317,6 +331,7 @@ def test_one_subscription_follows_every_shard_and_resumes_on_another_node(
             got = {e.memory_id for e in seen if e.kind == stored}
             if set(ids) <= got and any(e.kind == notified for e in seen):
                 break
+        assert (a.subscribers(), b.subscribers()) == (1, 0)  # counted where it is open
         stream.cancel()
         seqs = [event.seq for event in seen]
         assert seqs == sorted(set(seqs))  # in order, once each

@@ -49,6 +49,7 @@ class _Subscriber:
     queue: asyncio.Queue[EventRecord]
     overflowed: bool = False
     closed: bool = False
+    counted: bool = True
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -75,8 +76,8 @@ class SubscriptionHub:
 
     @property
     def subscriber_count(self) -> int:
-        """How many streams are open."""
-        return len(self._subscribers)
+        """How many streams are open (the server's own relays left out)."""
+        return sum(1 for subscriber in self._subscribers if subscriber.counted)
 
     def publish(self, events: Sequence[EventRecord]) -> None:
         """Offer logged events (in sequence order) to every subscriber."""
@@ -95,13 +96,19 @@ class SubscriptionHub:
                     subscriber.wake.set()
 
     async def subscribe(
-        self, wanted: EventFilter, after_seq: int, *, from_oldest: bool = False
+        self,
+        wanted: EventFilter,
+        after_seq: int,
+        *,
+        from_oldest: bool = False,
+        relay: bool = False,
     ) -> AsyncIterator[EventRecord]:
         """Events after ``after_seq`` that pass the filter: first from the log, then live.
 
         ``after_seq`` 0 starts at the oldest event the log retains, as does any older
         resume point with ``from_oldest``; otherwise a resume point whose next events
-        retention dropped is refused, as is one past the end of the log.
+        retention dropped is refused, as is one past the end of the log. A ``relay``
+        (the server's own, passing events on) is not counted among the subscribers.
 
         Raises:
             OutOfRangeError: ``after_seq`` is past the log's last sequence, or events
@@ -111,7 +118,7 @@ class SubscriptionHub:
                 names the last sequence delivered, to resume from.
             UnavailableError: the server is shutting down.
         """
-        subscriber = _Subscriber(wanted, asyncio.Queue(self._queue_size))
+        subscriber = _Subscriber(wanted, asyncio.Queue(self._queue_size), counted=not relay)
         self._subscribers.add(subscriber)
         last = after_seq
         may_skip = after_seq == 0 or from_oldest

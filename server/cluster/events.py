@@ -74,6 +74,10 @@ class ClusterEvents:
         self._nats = nats
         self._cursors = cursors
         self.queue_size = queue_size
+        self.subscribers = 0
+        """Subscriptions open through this node."""
+        self.dropped = 0
+        """Subscriptions ended since start because they fell too far behind."""
         """Events a subscriber may fall behind before its stream is ended."""
 
     @classmethod
@@ -224,9 +228,11 @@ class ClusterEvents:
             )
         )
         seen = after_seq
+        self.subscribers += 1
         try:
             while True:
                 if queue.qsize() > self.queue_size:
+                    self.dropped += 1
                     raise ResourceExhaustedError(
                         f"subscriber fell more than {self.queue_size} events behind; "
                         f"resume with after_seq={seen}",
@@ -238,4 +244,5 @@ class ClusterEvents:
                 if wanted.wants(event):
                     yield event
         finally:
+            self.subscribers -= 1
             await self._nats.call(subscription.unsubscribe())
