@@ -49,7 +49,7 @@ class _Subscriber:
     queue: asyncio.Queue[EventRecord]
     overflowed: bool = False
     closed: bool = False
-    counted: bool = True
+    relay: bool = False  # the server's own: not counted among the subscribers
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -77,7 +77,7 @@ class SubscriptionHub:
     @property
     def subscriber_count(self) -> int:
         """How many streams are open (the server's own relays left out)."""
-        return sum(1 for subscriber in self._subscribers if subscriber.counted)
+        return sum(1 for subscriber in self._subscribers if not subscriber.relay)
 
     def publish(self, events: Sequence[EventRecord]) -> None:
         """Offer logged events (in sequence order) to every subscriber."""
@@ -118,7 +118,7 @@ class SubscriptionHub:
                 names the last sequence delivered, to resume from.
             UnavailableError: the server is shutting down.
         """
-        subscriber = _Subscriber(wanted, asyncio.Queue(self._queue_size), counted=not relay)
+        subscriber = _Subscriber(wanted, asyncio.Queue(self._queue_size), relay=relay)
         self._subscribers.add(subscriber)
         last = after_seq
         may_skip = after_seq == 0 or from_oldest

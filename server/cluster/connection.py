@@ -93,12 +93,13 @@ class NatsConnection:
             _end(loop, thread)
             raise UnavailableError(f"no NATS server answered at {','.join(servers)}") from error
         version = client.connected_server_version
-        if (version.major, version.minor, version.patch) < FIXED_VERSION:
+        running = (version.major, version.minor, version.patch)
+        if running < FIXED_VERSION:
             log.warning(
                 "nats-server %s lets two concurrent writes naming the same last sequence "
                 "both through (nats-io/nats-server#4320): two nodes may then take one "
                 "lease; run %s or later (`make nats-server` fetches Debian's 2.10)",
-                ".".join(map(str, (version.major, version.minor, version.patch))),
+                ".".join(map(str, running)),
                 ".".join(map(str, FIXED_VERSION)),
             )
         return cls(client, loop, thread, timeout, retry_seconds)

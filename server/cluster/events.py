@@ -74,11 +74,11 @@ class ClusterEvents:
         self._nats = nats
         self._cursors = cursors
         self.queue_size = queue_size
+        """Events a subscriber may fall behind before its stream is ended."""
         self.subscribers = 0
         """Subscriptions open through this node."""
         self.dropped = 0
         """Subscriptions ended since start because they fell too far behind."""
-        """Events a subscriber may fall behind before its stream is ended."""
 
     @classmethod
     def open(

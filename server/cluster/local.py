@@ -52,11 +52,9 @@ def nats_server_binary() -> str:
     """The ``nats-server`` executable: the virtualenv's (``make test`` and ``make
     cluster`` unpack Debian's package there), else one on the ``PATH``."""
     beside = Path(sys.executable).with_name("nats-server")
-    found = (
-        str(beside)
-        if beside.is_file()
-        else shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
-    )
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
     if found is None:
         raise RuntimeError("nats-server is not installed: `make nats-server` installs it")
     return found
