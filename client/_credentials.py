@@ -121,12 +121,18 @@ class ChannelSecurity:
         )
 
 
+_OPTIONS = [("grpc.max_receive_message_length", -1)]
+"""A client takes any answer its server sends: the server bounds them (its
+``--max-message-bytes``, 16 MiB by default, against gRPC's 4 MiB default for clients)
+and cuts long pages and recalls to fit."""
+
+
 def open_channel(target: str, security: ChannelSecurity) -> grpc.Channel:
     """A blocking gRPC channel to ``target`` that carries ``security``."""
     credentials = security.channel_credentials()
     if credentials is not None:
-        return grpc.secure_channel(target, credentials)
-    channel = grpc.insecure_channel(target)
+        return grpc.secure_channel(target, credentials, options=_OPTIONS)
+    channel = grpc.insecure_channel(target, options=_OPTIONS)
     if not security.metadata:
         return channel
     return grpc.intercept_channel(channel, _HeaderInterceptor(security.metadata))
@@ -136,10 +142,12 @@ def open_aio_channel(target: str, security: ChannelSecurity) -> grpc.aio.Channel
     """An asyncio gRPC channel to ``target`` that carries ``security``."""
     credentials = security.channel_credentials()
     if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials)
+        return grpc.aio.secure_channel(target, credentials, options=_OPTIONS)
     if not security.metadata:
-        return grpc.aio.insecure_channel(target)
-    return grpc.aio.insecure_channel(target, interceptors=_aio_interceptors(security.metadata))
+        return grpc.aio.insecure_channel(target, options=_OPTIONS)
+    return grpc.aio.insecure_channel(
+        target, options=_OPTIONS, interceptors=_aio_interceptors(security.metadata)
+    )
 
 
 def _checked_key(key: str) -> str:

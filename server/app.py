@@ -108,6 +108,7 @@ class CalorServer:
             rate=self.config.rate_per_key,
             burst=self.config.rate_burst,
             max_subscriptions=self.config.max_subscriptions_per_key,
+            max_answer_bytes=self.config.max_message_bytes,
         )
         """Rates and subscription caps per caller; it knows the calls in flight."""
         self.metrics = Metrics()

@@ -158,14 +158,23 @@ def test_a_message_over_the_size_cap_is_refused(
     assert total(capped_stub, channel_name) == 0
 
 
-def test_an_answer_over_the_size_cap_is_not_sent(
+def test_a_page_over_the_size_cap_comes_back_in_pieces(
     capped_stub: MemoryServiceStub, channel_name: str
 ) -> None:
     for n in range(3):
         store(capped_stub, channel_name, f"chapter {n}: " + "lorem ipsum dolor " * 1500)
-    with pytest.raises(grpc.RpcError) as caught:
-        capped_stub.ListMemories(pb.ListMemoriesRequest(channel=channel_name))
-    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    pages = []
+    request = pb.ListMemoriesRequest(channel=channel_name)
+    while True:
+        page = capped_stub.ListMemories(request)
+        pages.append(page)
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    assert len(pages) > 1 and all(p.truncated for p in pages[:-1])
+    texts = [m.text for p in pages for m in p.memories]
+    assert sorted(t.split(":")[0] for t in texts) == ["chapter 0", "chapter 1", "chapter 2"]
+    assert all(p.ByteSize() <= 64 * 1024 for p in pages)
 
 
 def _items(channel: str, count: int) -> Iterator[pb.StoreStreamRequest]:

@@ -247,6 +247,7 @@ class Memory(_message.Message):
     T0_FIELD_NUMBER: _builtins.int
     SURPRISE_FIELD_NUMBER: _builtins.int
     IMPORTANCE_ADJUSTMENT_FIELD_NUMBER: _builtins.int
+    CONTENT_WITHHELD_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     channel: _builtins.str
     text: _builtins.str
@@ -269,6 +270,11 @@ class Memory(_message.Message):
     near-duplicates lose), on top of the caller's importance or the default.
     """
     importance_adjustment: _builtins.float
+    content_withheld: _builtins.bool
+    """True when the caller's key may write the memory's channel but not read it (an
+    answer to Store, Update, Keystone, Boost or Share): text, tags, entities and
+    provenance are left out; the id, state, heat and the other numbers are there.
+    """
     @_builtins.property
     def tags(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -313,10 +319,11 @@ class Memory(_message.Message):
         t0: _timestamp_pb2.Timestamp | None = ...,
         surprise: _builtins.float = ...,
         importance_adjustment: _builtins.float = ...,
+        content_withheld: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_recalled_at", b"last_recalled_at", "t0", b"t0", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "confidence", b"confidence", "created_at", b"created_at", "entities", b"entities", "heat", b"heat", "heat0", b"heat0", "id", b"id", "importance", b"importance", "importance_adjustment", b"importance_adjustment", "keystone", b"keystone", "last_recalled_at", b"last_recalled_at", "memory_type", b"memory_type", "merged_from", b"merged_from", "merged_into", b"merged_into", "provenance", b"provenance", "recall_count", b"recall_count", "source", b"source", "stability", b"stability", "state", b"state", "surprise", b"surprise", "t0", b"t0", "tags", b"tags", "text", b"text", "updated_at", b"updated_at", "utility", b"utility"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "confidence", b"confidence", "content_withheld", b"content_withheld", "created_at", b"created_at", "entities", b"entities", "heat", b"heat", "heat0", b"heat0", "id", b"id", "importance", b"importance", "importance_adjustment", b"importance_adjustment", "keystone", b"keystone", "last_recalled_at", b"last_recalled_at", "memory_type", b"memory_type", "merged_from", b"merged_from", "merged_into", b"merged_into", "provenance", b"provenance", "recall_count", b"recall_count", "source", b"source", "stability", b"stability", "state", b"state", "surprise", b"surprise", "t0", b"t0", "tags", b"tags", "text", b"text", "updated_at", b"updated_at", "utility", b"utility"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

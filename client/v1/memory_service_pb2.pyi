@@ -383,7 +383,12 @@ class RecallResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     TEMPORAL_WINDOW_FIELD_NUMBER: _builtins.int
     RECALL_ID_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     recall_id: _builtins.str
+    truncated: _builtins.bool
+    """True when fewer hits than asked came back because more would not fit in one
+    answer (the server's --max-message-bytes); only the hits returned were recalled.
+    """
     @_builtins.property
     def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecallHit]: ...
     @_builtins.property
@@ -394,10 +399,11 @@ class RecallResponse(_message.Message):
         hits: _abc.Iterable[Global___RecallHit] | None = ...,
         temporal_window: Global___TimeWindow | None = ...,
         recall_id: _builtins.str = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["temporal_window", b"temporal_window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "recall_id", b"recall_id", "temporal_window", b"temporal_window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "recall_id", b"recall_id", "temporal_window", b"temporal_window", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -558,7 +564,12 @@ class ListMemoriesResponse(_message.Message):
 
     MEMORIES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    truncated: _builtins.bool
+    """True when the page stopped short of page_size because more would not fit in one
+    answer (the server's --max-message-bytes); next_page_token continues after it.
+    """
     @_builtins.property
     def memories(self) -> _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]: ...
     def __init__(
@@ -566,10 +577,11 @@ class ListMemoriesResponse(_message.Message):
         *,
         memories: _abc.Iterable[_memory_pb2.Memory] | None = ...,
         next_page_token: _builtins.str = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memories", b"memories", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memories", b"memories", "next_page_token", b"next_page_token", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

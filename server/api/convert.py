@@ -43,8 +43,16 @@ __all__ = [
 ]
 
 
-def memory_message(record: MemoryRecord, heat: float) -> memory_pb2.Memory:
-    """The API view of a memory as it stands now (evolved), with its current heat."""
+def memory_message(record: MemoryRecord, heat: float, readable: bool = True) -> memory_pb2.Memory:
+    """The API view of a memory as it stands now (evolved), with its current heat; not
+    ``readable`` (the caller may write its channel but not read it), without what it
+    says: no text, tags, entities or provenance, and ``content_withheld`` set."""
+    if not readable:
+        message = memory_message(record, heat)
+        for name in ("text", "tags", "entities", "provenance"):  # what the memory says
+            message.ClearField(name)  # type: ignore[arg-type]
+        message.content_withheld = True
+        return message
     message = memory_pb2.Memory(
         id=record.id,
         channel=record.channel,

@@ -65,10 +65,12 @@ def wrapped(
     messages: Callable[[AsyncIterator[Any], _Context], AsyncIterator[Any]] = _same,
     scope: Callable[[_Context], AbstractAsyncContextManager[None]] = _no_scope,
     deserializer: Callable[[bytes], Any] | None = None,
+    answer: Callable[[Any, _Context], Awaitable[None]] = _pass,
 ) -> grpc.RpcMethodHandler[_Req, _Resp]:
     """``handler`` with its behaviour wrapped: the whole call runs inside ``scope``; a
     unary request passes ``check`` first, a client stream's messages pass through
-    ``messages``; ``deserializer`` replaces the handler's when given.
+    ``messages``; each answer (a unary one, or each message of a stream) passes
+    ``answer`` before it is sent; ``deserializer`` replaces the handler's when given.
 
     The wrapper is of the same kind as the behaviour (an async generator, or a coroutine
     for unary answers and for servicers that answer with ``context.write``), since gRPC
@@ -93,6 +95,7 @@ def wrapped(
         async def streaming(request: Any, context: _Context) -> AsyncIterator[Any]:
             async with scope(context):
                 async for response in inner(await arguments(request, context), context):
+                    await answer(response, context)
                     yield response
 
         behaviour: Callable[..., Any] = streaming
@@ -100,7 +103,10 @@ def wrapped(
 
         async def answering(request: Any, context: _Context) -> Any:
             async with scope(context):
-                return await inner(await arguments(request, context), context)
+                response = await inner(await arguments(request, context), context)
+                if response is not None:  # None: a servicer that wrote with context.write
+                    await answer(response, context)
+                return response
 
         behaviour = answering
     kind = HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from calor.server import deadline
 from calor.server.api import caller
@@ -127,11 +128,21 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):
         rate: Requests a second one caller may make; 0 means no limit.
         burst: Requests a caller may make at once; 0 means one second's worth (at least 1).
         max_subscriptions: Subscribe streams one caller may hold open; 0 means no limit.
+        max_answer_bytes: The largest answer message the server sends (gRPC's send
+            limit); a larger one ends the call RESOURCE_EXHAUSTED here, saying so, where
+            every layer outside sees it. 0 means no limit.
     """
 
-    def __init__(self, rate: float = 0.0, burst: float = 0.0, max_subscriptions: int = 0) -> None:
+    def __init__(
+        self,
+        rate: float = 0.0,
+        burst: float = 0.0,
+        max_subscriptions: int = 0,
+        max_answer_bytes: int = 0,
+    ) -> None:
         self.buckets = TokenBuckets(rate, burst or max(1.0, rate)) if rate > 0 else None
         self.max_subscriptions = max_subscriptions
+        self.max_answer_bytes = max_answer_bytes
         self.subscriptions: dict[str, int] = {}
         """Open Subscribe streams by caller."""
         self.open_calls = 0
@@ -159,7 +170,20 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 self.open_calls -= 1
 
-        return wrapped(handler, scope=limited)
+        return wrapped(handler, scope=limited, answer=self._check_answer)
+
+    async def _check_answer(self, response: Any, context: _Context) -> None:
+        """End the call RESOURCE_EXHAUSTED if its answer is larger than the server sends
+        (gRPC would refuse it too, after every layer had seen the call succeed)."""
+        if not self.max_answer_bytes or not isinstance(response, Message):
+            return
+        size = response.ByteSize()
+        if size > self.max_answer_bytes:
+            message = (
+                f"the answer is {size} bytes, over this server's limit of "
+                f"{self.max_answer_bytes} (--max-message-bytes); ask for less at a time"
+            )
+            await abort_with(context, ResourceExhaustedError(message))
 
     @asynccontextmanager
     async def _limited(self, context: _Context, subscribing: bool) -> AsyncIterator[None]:

@@ -9,6 +9,8 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
+from calor.server.api import caller
+from calor.server.api.answer_room import ANSWER_SLACK, hits_that_fit
 from calor.server.api.convert import (
     card_message,
     context_message,
@@ -27,6 +29,7 @@ from calor.server.api.convert import (
     window_message,
 )
 from calor.server.api.forwarding import FORWARDED_BY
+from calor.server.api.grants import Permission
 from calor.server.api.routing import GATHERED, query_vector
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
@@ -37,7 +40,7 @@ from calor.server.embedding import BatchEmbedding
 from calor.server.engine.recall_log import ForeignHit
 from calor.server.engine.results import Current, Stored
 from calor.server.engine.share import shared_copy
-from calor.server.errors import CalorError, InvalidArgumentError
+from calor.server.errors import CalorError, InvalidArgumentError, ResourceExhaustedError
 from calor.server.recall.ranking import Hit
 from calor.server.storage.markdown import (
     MarkdownReader,
@@ -53,6 +56,7 @@ from calor.v1 import memory_service_pb2 as pb
 __all__ = ["MemoryServicer"]
 
 _EXPORT_PAGE = 200
+_FRAMING = 8  # a repeated message's tag and length, at most
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -64,8 +68,11 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         self._rt = runtime
 
     @staticmethod
-    def _memory(current: Current) -> memory_pb2.Memory:
-        return memory_message(current.record, current.heat)
+    def _memory(current: Current | Stored) -> memory_pb2.Memory:
+        """A memory as the caller may see it: whole, or without its content when the
+        caller's key may not read its channel (write does not include read)."""
+        readable = caller.grants().allows(current.record.channel, Permission.READ)
+        return memory_message(current.record, current.heat, readable)
 
     async def _store(self, items: list[NewMemory]) -> list[Stored]:
         engine = self._rt.engine
@@ -81,7 +88,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         if earlier is not None:
             return pb.StoreResponse(memory=self._memory(earlier))
         [stored] = await self._store([item])
-        return pb.StoreResponse(memory=memory_message(stored.record, stored.heat))
+        return pb.StoreResponse(memory=self._memory(stored))
 
     async def StoreStream(
         self, request_iterator: AsyncIterator[pb.StoreStreamRequest], context: _Context
@@ -143,12 +150,21 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             for answer in GATHERED.get()
             for hit in pb.RecallResponse.FromString(answer).hits
         ]
-        result = await self._rt.run(self._rt.engine.recall, query, vector, inflight, foreign)
+        most = self._rt.config.max_message_bytes
+        result = await self._rt.run(
+            self._rt.engine.recall,
+            query,
+            vector,
+            inflight,
+            foreign,
+            lambda hits: hits_that_fit(hits, most),
+        )
         reply = pb.RecallResponse(
             hits=[
                 self._hit(hit, now) for hit, now in zip(result.hits, result.memories, strict=True)
             ],
             recall_id=result.recall_id,
+            truncated=result.truncated,
         )
         if result.window is not None:
             reply.temporal_window.CopyFrom(window_message(result.window))
@@ -187,11 +203,31 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def ListMemories(
         self, request: pb.ListMemoriesRequest, context: _Context
     ) -> pb.ListMemoriesResponse:
+        """A page in id order, cut short (``truncated``) where more would not fit in one
+        answer: its page token then continues after the last memory it carries."""
         query = self._rt.validator.list_query(request)
         page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
+        budget = self._rt.config.max_message_bytes - ANSWER_SLACK
+        memories: list[memory_pb2.Memory] = []
+        used = 0
+        for now in page:
+            memory = self._memory(now)
+            used += memory.ByteSize() + _FRAMING
+            if used > budget:
+                break
+            memories.append(memory)
+        if page and not memories:
+            raise ResourceExhaustedError(
+                f"memory {page[0].record.id} alone is larger than one answer may be (the "
+                "server's --max-message-bytes)"
+            )
+        truncated = len(memories) < len(page)
+        if truncated:
+            after = memories[-1].id
         return pb.ListMemoriesResponse(
-            memories=[self._memory(now) for now in page],
+            memories=memories,
             next_page_token=encode_page_token(after) if after else "",
+            truncated=truncated,
         )
 
     @rpc_errors
@@ -296,7 +332,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             stored = await self._rt.run(engine.store_shared, item, vector, most)
         else:
             stored = await self._rt.run(engine.share, channel, memory_id, target, most)
-        return pb.ShareResponse(memory=memory_message(stored.record, stored.heat))
+        return pb.ShareResponse(memory=self._memory(stored))
 
     @rpc_errors
     async def Evaluate(self, request: pb.EvaluateRequest, context: _Context) -> pb.EvaluateResponse:

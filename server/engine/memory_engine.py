@@ -43,7 +43,12 @@ from calor.server.engine.share import shared_copy
 from calor.server.engine.storing import StorePipeline
 from calor.server.engine.transfer import Transfer
 from calor.server.engine.tuning import TuneReport
-from calor.server.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from calor.server.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.recall.ranking import Hit, rank_channel, recall_window
 from calor.server.recall.temporal import TimeWindow
@@ -146,6 +151,7 @@ class MemoryEngine:
         query_vector: np.ndarray,
         inflight: int = 1,
         foreign: Sequence[ForeignHit] = (),
+        room: Callable[[Sequence[Hit | ForeignHit]], int] | None = None,
     ) -> RecallResult:
         """Rank the memories of the caller's channel (and any it names) for a query.
 
@@ -162,7 +168,12 @@ class MemoryEngine:
         ``inflight`` counts the calls the server is serving, this one included (the
         load gate reads it). ``foreign`` are the hits of named channels that other
         shards hold (cluster mode), ranked there: they take their place among this
-        store's hits, and are returned and logged like them.
+        store's hits, and are returned and logged like them. ``room`` says how many of
+        the best hits one answer can carry (the server's message limit): the rest are
+        left out before anything is recalled or logged (``RecallResult.truncated``).
+
+        Raises:
+            ResourceExhaustedError: Not even the best hit fits in one answer.
         """
         now = self._clock.now()
         window = recall_window(query, now)
@@ -186,8 +197,15 @@ class MemoryEngine:
                     hits.extend(self._rank(other, query, query_vector, window, limit, mine=False))
         ranked: list[Hit | ForeignHit] = [*hits, *foreign]
         ranked.sort(key=_rank_order)
+        best = ranked[:limit]
+        carried = len(best) if room is None else room(best)
+        if best and carried == 0:
+            raise ResourceExhaustedError(
+                "the best hit alone is larger than one answer may be (the server's "
+                "--max-message-bytes); nothing was recalled"
+            )
         kept = [
-            replace(h, record=h.record.copy()) if isinstance(h, Hit) else h for h in ranked[:limit]
+            replace(h, record=h.record.copy()) if isinstance(h, Hit) else h for h in best[:carried]
         ]
         recall_id = ""
         if not query.peek and own is not None:
@@ -198,7 +216,7 @@ class MemoryEngine:
             with own.lock:
                 self._recalled(own, mine, entry)
         memories = [self._current(h.record) if isinstance(h, Hit) else None for h in kept]
-        return RecallResult(kept, window, memories, recall_id)
+        return RecallResult(kept, window, memories, recall_id, carried < len(best))
 
     def _current(self, record: MemoryRecord) -> Current:
         """A memory of a hit as it stands now."""

@@ -47,13 +47,15 @@ class Stored:
 @dataclass(frozen=True)
 class RecallResult:
     """Ranked hits, the time window the query named (if any), each hit's memory as it
-    stands after the recall (None for a foreign hit: its reply holds it), and the id the
-    recall was logged under ("" if it was not)."""
+    stands after the recall (None for a foreign hit: its reply holds it), the id the
+    recall was logged under ("" if it was not), and whether hits were left out because
+    one answer could not carry them."""
 
     hits: list[Hit | ForeignHit]
     window: TimeWindow | None
     memories: list[Current | None] = field(default_factory=list)  # each hit's memory now
     recall_id: str = ""
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
