@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +51,13 @@ def _add(args: argparse.Namespace) -> int:
 
     path: Path = args.file
     keys = auth_file.load(path) if path.exists() else auth_file.KeyRing()
-    key, token = auth_file.new_key(args.label, Grants(tuple(args.grant)))
+    key, token = auth_file.new_key(args.label, Grants(tuple(args.grant)), expires=args.expires)
     auth_file.save(path, keys.with_key(key))
     print(token)
+    until = f", expires {key.expires.isoformat()}" if key.expires else ""
     print(
-        f"added key {key.id} ({', '.join(key.grants.describe())}) to {path}; {_RELOAD}.\n"
-        "This is the only time the key is shown: only its SHA-256 is stored.",
+        f"added key {key.id} ({', '.join(key.grants.describe())}{until}) to {path}; "
+        f"{_RELOAD}.\nThis is the only time the key is shown: only its SHA-256 is stored.",
         file=sys.stderr,
     )
     return 0
@@ -65,18 +67,22 @@ def _list(args: argparse.Namespace) -> int:
     from calor.server.api import auth_file
 
     keys = sorted(auth_file.load(args.file).keys.values(), key=lambda k: k.id)
+    now = datetime.now(UTC).timestamp()
     if args.json:
-        print(json.dumps([_record(k) for k in keys], indent=2))
+        print(json.dumps([_record(k, now) for k in keys], indent=2))
         return 0
     if not keys:
         print(f"no keys in {args.file}")
         return 0
-    rows = [("ID", "LABEL", "CREATED", "GRANTS")]
-    rows += [(k.id, k.label or "-", _created(k), " ".join(k.grants.describe())) for k in keys]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    rows = [("ID", "LABEL", "CREATED", "EXPIRES", "GRANTS")]
+    rows += [
+        (k.id, k.label or "-", _created(k), _expires(k, now), " ".join(k.grants.describe()))
+        for k in keys
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
-        print("  ".join([*cells, row[3]]))
+        cells = [cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
+        print("  ".join([*cells, row[4]]))
     return 0
 
 
@@ -84,11 +90,20 @@ def _created(key: ApiKey) -> str:
     return key.created.isoformat() if key.created else "-"
 
 
-def _record(key: ApiKey) -> dict[str, Any]:
+def _expires(key: ApiKey, now: float) -> str:
+    """The EXPIRES cell: never (-), when, and whether that is past."""
+    if key.expires is None:
+        return "-"
+    return key.expires.isoformat() + (" (expired)" if key.expired(now) else "")
+
+
+def _record(key: ApiKey, now: float) -> dict[str, Any]:
     return {
         "id": key.id,
         "label": key.label,
         "created": key.created.isoformat() if key.created else None,
+        "expires": key.expires.isoformat() if key.expires else None,
+        "expired": key.expired(now),
         "grants": key.grants.describe(),
     }
 
@@ -113,6 +128,17 @@ def _grant(text: str) -> Grant:
 
     try:
         return parse_grant(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _expiry(text: str) -> datetime:
+    """An ``--expires`` argument, checked when the command line is read: a future
+    date-time with its offset, or a date (midnight UTC)."""
+    from calor.server.api.auth_file import parse_expiry
+
+    try:
+        return parse_expiry(text, datetime.now(UTC))
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -156,7 +182,16 @@ def add_keys_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="a channel, a prefix ending in '*' (team-a/*) or '*' for all, with read, write "
         "and/or admin (admin includes read and write), e.g. 'team-a/*=read,write'; repeatable",
     )
-    listing = verb("list", _list, "list the keys: ids, labels, created, grants (never secrets)")
+    add.add_argument(
+        "--expires",
+        type=_expiry,
+        metavar="WHEN",
+        help="when the server starts refusing the key: an ISO 8601 date-time with its offset "
+        "(2027-01-01T00:00:00Z) or a date (2027-01-01, midnight UTC); default: never",
+    )
+    listing = verb(
+        "list", _list, "list the keys: ids, labels, created, expiry, grants (never secrets)"
+    )
     listing.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print a JSON array"
     )

@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,12 +35,17 @@ from calor.server.api.runtime import Runtime
 from calor.server.clock import Clock, SystemClock
 from calor.server.config import ServerConfig
 from calor.server.embedding import EmbeddingQueue, load_model
-from calor.server.errors import CalorError, FailedPreconditionError, UnavailableError
+from calor.server.errors import (
+    CalorError,
+    FailedPreconditionError,
+    UnavailableError,
+)
+from calor.server.listening import in_use, listen_refused, port_in_use
 from calor.server.logs import configure_logging
 from calor.server.metrics import Metrics, ServerCounts
 from calor.server.shard import Shard
 from calor.server.storage.store import MemoryStore
-from calor.server.tls import peer_credentials, server_credentials
+from calor.server.tls import check_certificate, peer_credentials, server_credentials
 from calor.triggers.webhook import WebhookPolicy
 
 if TYPE_CHECKING:
@@ -115,7 +121,13 @@ class CalorServer:
         self.metrics_port = 0  # where /metrics is served; 0 while it is not
 
     async def start(self) -> int:
-        """Bind the port and begin loading; returns the bound port."""
+        """Bind the port and begin loading; returns the bound port.
+
+        Raises:
+            AddressInUseError: Another process listens on the port or the metrics port.
+            FailedPreconditionError: A port cannot be listened on for another reason,
+                or the access settings are refused.
+        """
         self._access = self._access_control()
         server = grpc.aio.server(
             interceptors=self._interceptors(),
@@ -126,6 +138,9 @@ class CalorServer:
                 ("grpc.keepalive_timeout_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                # gRPC sets SO_REUSEPORT by default: a second server on this port would
+                # start too, and the kernel would split new connections between the two.
+                ("grpc.so_reuseport", 0),
             ],
         )
         shard = self._shard
@@ -136,14 +151,26 @@ class CalorServer:
         reflection.enable_server_reflection(
             (*_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        address = f"{self.config.host}:{self.config.port}"
-        self.port = self._bind(server, address)
-        if self.port == 0:
-            raise OSError(f"could not bind {address}")
+        host, port = self.config.host, self.config.port
+        if port and in_use(host, port):
+            # gRPC listens on what it can of a host's addresses ("localhost": ::1 and
+            # 127.0.0.1): one taken would split the clients between two servers.
+            raise port_in_use(host, port, "--port")
+        try:
+            self.port = self._bind(server, f"{host}:{port}")
+        except RuntimeError as error:  # grpc: "Failed to bind to address …", no reason
+            raise listen_refused(host, port, "--port", error) from error
+        if self.port == 0:  # how older grpc versions say it
+            raise listen_refused(host, port, "--port", None)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.config.metrics_port:
-            self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", self.config.host, self.metrics_port)
+            try:
+                self.metrics_port = self.metrics.serve(host, self.config.metrics_port)
+            except OSError as error:
+                await server.stop(None)  # bound, not started: the port is let go
+                refused = listen_refused(host, self.config.metrics_port, "--metrics-port", error)
+                raise refused from error
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
         await server.start()
         self._server = server
         self._loading = asyncio.create_task(self._load(), name="calor-load")
@@ -151,11 +178,16 @@ class CalorServer:
 
     def _bind(self, server: grpc.aio.Server, address: str) -> int:
         """Add the listening port: TLS (mutual with a client CA) when the config names a
-        certificate, plaintext otherwise; the TLS files are read and checked here."""
+        certificate, plaintext otherwise; the TLS files are read and checked here, the
+        certificate's validity by the server's clock, and its names against the host."""
         config = self.config
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-        if credentials is None:
+        if credentials is None or config.tls_cert is None:
             return server.add_insecure_port(address)
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        mismatch = check_certificate(config.tls_cert, config.host, now)
+        if mismatch is not None:
+            log.warning("TLS: %s", mismatch)
         mutual = f"; client certificates of {config.tls_client_ca}" if config.tls_client_ca else ""
         log.info("TLS: %s%s", config.tls_cert, mutual)
         return server.add_secure_port(address, credentials)
@@ -189,7 +221,7 @@ class CalorServer:
         if config.auth_file is not None:
             keys = auth_file.load(config.auth_file)
             log.info("access control: %d API keys from %s", len(keys.keys), config.auth_file)
-            return AccessControl(keys)
+            return AccessControl(keys, self.clock)
         if not loopback(config.host):
             raise FailedPreconditionError(
                 f"refusing to run open on {config.host!r}: --host {config.host} needs "
@@ -353,7 +385,9 @@ class CalorServer:
         return load_model(self.config.model_dir, threads=self.config.model_threads)
 
     async def ready(self) -> None:
-        """Wait until loading is done; re-raises what made loading fail."""
+        """Wait until loading is done; re-raises what made loading fail (a
+        :class:`~calor.server.errors.StoreInUseError` when another process holds the
+        data directory, a missing model, …)."""
         if self._loading is None:
             raise RuntimeError("start() the server first")
         await self._loading

@@ -8,7 +8,9 @@
     ├── ResourceExhaustedError    RESOURCE_EXHAUSTED a gate or overload; may carry a retry delay
     │   └── StorageFullError                         the disk is full: a write was refused
     ├── FailedPreconditionError   FAILED_PRECONDITION the request does not fit the current state
-    │   └── StoreMismatchError                       the data dir was made by another model/schema
+    │   ├── StoreMismatchError                       the data dir was made by another model/schema
+    │   ├── StoreInUseError                          another process holds the data dir's store
+    │   └── AddressInUseError                        another process listens on the port
     ├── OutOfRangeError           OUT_OF_RANGE       a position past the end (or before the start)
     ├── UnavailableError          UNAVAILABLE        the server is starting or stopping
     │   ├── ModelUnavailableError                    the embedding model is missing or corrupt
@@ -27,6 +29,7 @@ from __future__ import annotations
 import grpc
 
 __all__ = [
+    "AddressInUseError",
     "AlreadyExistsError",
     "CalorError",
     "DeadlineExceededError",
@@ -40,6 +43,7 @@ __all__ = [
     "ResourceExhaustedError",
     "StorageError",
     "StorageFullError",
+    "StoreInUseError",
     "StoreMismatchError",
     "UnavailableError",
     "UnimplementedError",
@@ -116,6 +120,16 @@ class OutOfRangeError(CalorError):
 
 class StoreMismatchError(FailedPreconditionError):
     """The data directory was written by another schema version or embedding model."""
+
+
+class StoreInUseError(FailedPreconditionError):
+    """Another process (or another store in this one) holds the data directory's
+    RocksDB lock: a store is opened by one process at a time."""
+
+
+class AddressInUseError(FailedPreconditionError):
+    """The server's port (gRPC or metrics) is taken on its host: another process
+    listens there."""
 
 
 class UnavailableError(CalorError):

@@ -186,7 +186,7 @@ def test_a_change_list_survives_json_whole() -> None:
         StageVector("m3", vector),
         DropVector("m4"),
         PutKey(Keys.CURSOR, b"\x00\xff"),
-        DeleteKey(Keys.trigger("t1")),
+        DeleteKey(Keys.trigger(CHANNEL, "t1")),
         SetHeat(("m1", "m2"), (0.25, 1.0), 5.0, 9),
     ]
     decoded = decode(encode(ChangeList(CHANNEL, ops)))
@@ -218,13 +218,13 @@ def test_an_older_store_is_migrated_by_name_and_the_migration_is_recorded(
     _write_v1_store(tmp_path, embedder, b"42")
     store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
     try:
-        assert store.migrations() == ["cursor_as_json"]
+        assert store.migrations() == ["cursor_as_json", "triggers_by_channel"]
         assert json.loads(store.get(Keys.CURSOR) or b"") == {"seq": 42, "done": []}
     finally:
         store.close()
     again = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
     try:
-        assert again.migrations() == ["cursor_as_json"], "a migration runs once"
+        assert again.migrations() == ["cursor_as_json", "triggers_by_channel"], "once"
     finally:
         again.close()
 

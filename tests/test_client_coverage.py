@@ -33,6 +33,8 @@ METHOD_NAMES = {
 
 NO_CHANNEL_ARGUMENT = {
     "TriggerHistory": "a trigger's history is read from the trigger's own channel",
+    "DeleteTrigger": "the trigger is found among the key's channels (the channel only tells "
+    "apart two triggers of one id)",
 }
 """RPCs whose request has a ``channel`` that the client method need not take, and why."""
 

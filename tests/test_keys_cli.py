@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,9 @@ def test_list_shows_ids_labels_grants_and_created_never_secrets(
     listed = json.loads(out)
     assert sorted(entry["id"] for entry in listed) == sorted(ids)
     assert {tuple(entry["grants"]) for entry in listed} == {("*=admin",), ("team-b/*=read",)}
-    assert all(set(entry) == {"id", "label", "created", "grants"} for entry in listed)
+    fields = {"id", "label", "created", "expires", "expired", "grants"}
+    assert all(set(entry) == fields for entry in listed)
+    assert all(entry["expires"] is None and not entry["expired"] for entry in listed)
 
 
 def test_revoke_removes_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,3 +140,114 @@ def test_a_hand_written_file_without_label_or_created_loads(tmp_path: Path) -> N
     assert ring.authenticate("calor_ops-1_s3cret") is ring.keys["ops-1"]
     assert ring.authenticate("calor_ops-1_wrong") is None
     assert ring.authenticate("calor_ops-2_s3cret") is None
+
+
+# --- expiry -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("2999-01-01T00:00:00Z", datetime(2999, 1, 1, tzinfo=UTC)),
+        (
+            "2999-01-01T09:30:00+02:00",
+            datetime(2999, 1, 1, 9, 30, tzinfo=timezone(timedelta(hours=2))),
+        ),
+        ("2999-06-30", datetime(2999, 6, 30, tzinfo=UTC)),  # a date: midnight UTC
+    ],
+)
+def test_add_with_expires_writes_it_and_list_shows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str, stored: datetime
+) -> None:
+    path = tmp_path / "keys.toml"
+    status, token, err = keys(
+        capsys, "add", "--file", str(path), "--grant", "a=read", "--expires", given
+    )
+    assert status == 0 and f"expires {stored.isoformat()}" in err
+    [key] = auth_file.load(path).keys.values()
+    assert key.expires == stored and key.expires.utcoffset() == stored.utcoffset()
+    assert "expires = " in path.read_text()
+    assert auth_file.load(path).authenticate(token.strip()) == key
+
+    status, out, _ = keys(capsys, "list", "--file", str(path))
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "LABEL", "CREATED", "EXPIRES", "GRANTS"]
+    assert stored.isoformat() in row and "expired" not in row
+    _, out, _ = keys(capsys, "list", "--file", str(path), "--json")
+    [entry] = json.loads(out)
+    assert (entry["expires"], entry["expired"]) == (stored.isoformat(), False)
+
+
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ("2020-01-01T00:00:00Z", "is not in the future"),
+        ("2020-01-01", "is not in the future"),
+        ("2999-01-01T00:00:00", "has no offset"),
+        ("next tuesday", "not an ISO 8601 date-time"),
+        ("2999-13-01T00:00:00Z", "not an ISO 8601 date-time"),
+    ],
+)
+def test_a_past_or_malformed_expiry_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str, reason: str
+) -> None:
+    path = tmp_path / "keys.toml"
+    status, _, err = keys(
+        capsys, "add", "--file", str(path), "--grant", "a=read", "--expires", given
+    )
+    assert status == 2 and "--expires" in err and reason in err
+    assert not path.exists()
+
+
+def test_a_hand_written_expiry_loads_and_a_past_one_is_listed_as_expired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.toml"
+    digest = auth_file.digest("s3cret")
+    entries = {
+        "old": "2020-01-01T00:00:00Z",
+        "dated": "2999-01-01",
+        "later": "2999-01-01T12:00:00Z",
+    }
+    path.write_text(
+        "".join(
+            f'[keys.{key_id}]\nsha256 = "{digest}"\nexpires = {when}\n'
+            f'[keys.{key_id}.grants]\n"*" = ["read"]\n'
+            for key_id, when in entries.items()
+        )
+    )
+    ring = auth_file.load(path)
+    assert ring.keys["old"].expires == datetime(2020, 1, 1, tzinfo=UTC)
+    assert ring.keys["dated"].expires == datetime(2999, 1, 1, tzinfo=UTC)
+    assert ring.keys["later"].expires == datetime(2999, 1, 1, 12, tzinfo=UTC)
+
+    status, out, _ = keys(capsys, "list", "--file", str(path))
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert status == 0 and "2020-01-01T00:00:00+00:00 (expired)" in rows["old"]
+    assert "expired" not in rows["dated"] and "expired" not in rows["later"]
+    _, out, _ = keys(capsys, "list", "--file", str(path), "--json")
+    assert {e["id"]: e["expired"] for e in json.loads(out)} == {
+        "dated": False,
+        "later": False,
+        "old": True,
+    }
+
+    # `calor keys` writes the expiry back when it rewrites the file.
+    assert keys(capsys, "revoke", "--file", str(path), "later")[0] == 0
+    assert auth_file.load(path).keys["old"].expires == datetime(2020, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "expires",
+    ['"2999-01-01T00:00:00Z"', "2999-01-01T00:00:00", "12:00:00", "1"],  # quoted, no offset, …
+)
+def test_a_malformed_expiry_in_the_file_is_refused_naming_the_entry(
+    tmp_path: Path, expires: str
+) -> None:
+    path = tmp_path / "keys.toml"
+    digest = auth_file.digest("s3cret")
+    path.write_text(
+        f'[keys.k1]\nsha256 = "{digest}"\nexpires = {expires}\ngrants = {{ x = ["read"] }}\n'
+    )
+    with pytest.raises(FailedPreconditionError, match=r"keys.toml: \[keys.k1\]: expires must be"):
+        auth_file.load(path)

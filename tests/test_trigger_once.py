@@ -176,7 +176,7 @@ class Setup:
         return None if raw is None else json.loads(raw)
 
     def fires(self, trigger_id: str) -> int:
-        raw = self.store.get(Keys.fire_counter(trigger_id))
+        raw = self.store.get(Keys.fire_counter(CHANNEL, trigger_id))
         return 0 if raw is None else int(json.loads(raw)["fires"])
 
 
@@ -240,7 +240,7 @@ def test_an_internal_action_and_its_cursor_advance_are_durable_together(
         expected = [(KINDS[each.id], world.seq)] if each.id in fired else []
         assert world.events(each.id) == expected
         assert world.fires(each.id) == len(expected)
-        assert len(list(TriggerRegistry(world.store).history(each.id))) == len(expected)
+        assert len(list(TriggerRegistry(world.store).history(CHANNEL, each.id))) == len(expected)
     assert world.cursor() == (
         {"seq": world.seq - 1, "done": fired} if fired else {"seq": 0, "done": []}
     )
@@ -259,7 +259,7 @@ def test_an_internal_action_and_its_cursor_advance_are_durable_together(
     for each in INTERNAL:
         assert world.events(each.id) == [(KINDS[each.id], world.seq)]
         assert world.fires(each.id) == 1
-        [firing] = registry.history(each.id)
+        [firing] = registry.history(CHANNEL, each.id)
         assert firing.seq == world.seq
     record = world.memories.inspect(CHANNEL, world.memory_id)[0].record
     assert record.tags.get("k") == "v"
@@ -327,7 +327,7 @@ def test_a_webhook_is_in_the_outbox_with_the_cursor_and_sent_again_after_a_crash
     assert check_requests(receiver) == {key: budget + 1}
     assert world.events("w-hook") == [("webhook", world.seq)]
     assert world.fires("w-hook") == 1
-    [firing] = TriggerRegistry(world.store).history("w-hook")
+    [firing] = TriggerRegistry(world.store).history(CHANNEL, "w-hook")
     assert firing.outcome.startswith("delivered")
 
 
@@ -336,13 +336,16 @@ def test_the_history_goes_on_after_a_restart_without_overwriting(tmp_path: Path)
     registry = TriggerRegistry(store)
     registry.add(rule("h-notify", "notify"))
     for seq in (5, 5, 6):  # two firings for one cause move the next one's key on
-        keep(store, registry.history_entry(Firing("h-notify", "m", 0.0, f"before {seq}", seq)))
+        keep(
+            store,
+            registry.history_entry(CHANNEL, Firing("h-notify", "m", 0.0, f"before {seq}", seq)),
+        )
     store.close()
     store = MemoryStore.open(tmp_path, model_id="test", dim=4)
     registry = TriggerRegistry(store)
     registry.load()
-    keep(store, registry.history_entry(Firing("h-notify", "m", 0.0, "after 7", 7)))
-    outcomes = [f.outcome for f in registry.history("h-notify")]
+    keep(store, registry.history_entry(CHANNEL, Firing("h-notify", "m", 0.0, "after 7", 7)))
+    outcomes = [f.outcome for f in registry.history(CHANNEL, "h-notify")]
     store.close()
     assert outcomes == ["before 5", "before 5", "before 6", "after 7"]
 

@@ -1,9 +1,11 @@
 """Throwaway TLS material for the tests: a CA, a server certificate for 127.0.0.1 and
-localhost, a client certificate, and a second CA that signed none of them."""
+localhost, a client certificate, and a second CA that signed none of them; and server
+certificates with the names and validity period a test chooses."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -59,20 +61,62 @@ def make_tls_files(folder: Path) -> TlsFiles:
     return files
 
 
+@dataclass(frozen=True)
+class ServerCert:
+    """A server's certificate and key, and the CA that signed it (to trust)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_server_cert(
+    folder: Path,
+    names: Sequence[str] = ("localhost", "127.0.0.1"),
+    *,
+    not_before: datetime | None = None,
+    not_after: datetime | None = None,
+) -> ServerCert:
+    """Write a server certificate for ``names`` (DNS names or IP addresses), valid from
+    ``not_before`` to ``not_after`` (default: an hour ago to two days on), and its own CA."""
+    ca_key, ca_cert = _authority("Calor test CA")
+    key, cert = _leaf(
+        ca_key,
+        ca_cert,
+        "calor test server",
+        server=True,
+        names=names,
+        period=(not_before, not_after),
+    )
+    files = ServerCert(
+        ca=folder / "server-ca.pem", cert=folder / "server.pem", key=folder / "server.key"
+    )
+    files.ca.write_bytes(_cert_pem(ca_cert))
+    files.cert.write_bytes(_cert_pem(cert))
+    files.key.write_bytes(_key_pem(key))
+    return files
+
+
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _builder(subject: str, issuer: x509.Name, key: _Key) -> x509.CertificateBuilder:
+_Period = tuple[datetime | None, datetime | None]
+
+
+def _builder(
+    subject: str, issuer: x509.Name, key: _Key, period: _Period = (None, None)
+) -> x509.CertificateBuilder:
     now = datetime.now(UTC)
+    not_before, not_after = period
     return (
         x509.CertificateBuilder()
         .subject_name(_name(subject))
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(hours=1))
-        .not_valid_after(now + timedelta(days=2))
+        .not_valid_before(not_before or now - timedelta(hours=1))
+        .not_valid_after(not_after or now + timedelta(days=2))
     )
 
 
@@ -105,20 +149,30 @@ def _leaf(
     *,
     server: bool,
     client: bool = False,
+    names: Sequence[str] = ("localhost", "127.0.0.1"),
+    period: _Period = (None, None),
 ) -> tuple[_Key, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     purposes = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
     if client or not server:
         purposes.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     builder = (
-        _builder(common_name, ca_cert.subject, key)
+        _builder(common_name, ca_cert.subject, key, period)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(purposes), critical=False)
     )
-    if server:
-        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    if server and names:
+        alternatives = [_alternative(name) for name in names]
+        builder = builder.add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def _alternative(name: str) -> x509.GeneralName:
+    """An IP address entry for an address, a DNS name entry otherwise."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 def _cert_pem(cert: x509.Certificate) -> bytes:

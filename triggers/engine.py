@@ -82,12 +82,14 @@ class _Bookkeeping:
     def __init__(
         self,
         registry: TriggerRegistry,
+        rule: TriggerRule,
         firing: Firing,
         position: int | None,
         done: frozenset[str],
         decay_t0: float | None,
     ) -> None:
         self._registry = registry
+        self._rule = rule
         self._firing = firing
         self._position = position
         self._done = done
@@ -96,15 +98,14 @@ class _Bookkeeping:
 
     def writes(self, outcome: str | None) -> list[PutKey]:
         """The writes for this firing with ``outcome`` (None: no history entry yet)."""
-        firing = self._firing
-        self._counter, counted = self._registry.count(firing.trigger_id, firing.at)
+        firing, rule = self._firing, self._rule
+        self._counter, counted = self._registry.count(rule, firing.at)
         writes = [counted]
         if outcome is not None:
-            writes.append(self._registry.history_entry(replace(firing, outcome=outcome)))
+            entry = replace(firing, outcome=outcome)
+            writes.append(self._registry.history_entry(rule.channel, entry))
         if self._decay_t0 is not None:
-            writes.append(
-                self._registry.decay_mark(firing.trigger_id, firing.memory_id, self._decay_t0)
-            )
+            writes.append(self._registry.decay_mark(rule, firing.memory_id, self._decay_t0))
         if self._position is not None:
             done = self._done | {firing.trigger_id}
             writes.append(PutKey(Keys.CURSOR, _cursor_value(self._position - 1, done)))
@@ -113,7 +114,7 @@ class _Bookkeeping:
     def applied(self) -> None:
         """The batch holding :meth:`writes` is durable: count the firing in memory."""
         if self._counter is not None:
-            self._registry.apply_count(self._firing.trigger_id, self._counter)
+            self._registry.apply_count(self._rule, self._counter)
 
 
 class TriggerEngine:
@@ -242,10 +243,11 @@ class TriggerEngine:
 
     def _fired_by(self, event: EventRecord) -> list[tuple[TriggerRule, EventRecord, _Chain]]:
         """The rules a logged event may fire, each with the event it fires on and the
-        chain of triggers behind it. A ``chain`` event fires its target on the memory of
-        the original cause, whatever the target's own event filter says."""
+        chain of triggers behind it. A ``chain`` event fires its target, a trigger of the
+        event's channel, on the memory of the original cause, whatever the target's own
+        event filter says."""
         if event.kind == "chain":
-            target = self.registry.get(event.payload.get("target", ""))
+            target = self.registry.get(event.channel, event.payload.get("target", ""))
             if target is None:
                 return []
             cause = EventRecord(
@@ -317,7 +319,7 @@ class TriggerEngine:
                 return
             late = event.payload.get("late") == "true"
             firing = Firing(rule.id, record.id, now, "", event.seq, late)
-            book = _Bookkeeping(self.registry, firing, position, self._done, decay_t0)
+            book = _Bookkeeping(self.registry, rule, firing, position, self._done, decay_t0)
             cause = Cause(rule.id, (*chain, rule.id), event.seq)
             ctx = ActionContext(
                 rule, event, record, heat, cause, self._memories, self._run, now, book.writes
@@ -343,10 +345,17 @@ class TriggerEngine:
         book.applied()
 
     async def _chain(self, ctx: ActionContext) -> str:
-        """Log a ``chain`` event naming the target; the target fires when it is read."""
-        target = self.registry.get(ctx.rule.config_value("trigger_id", ""))
+        """Log a ``chain`` event naming the target; the target fires when it is read.
+
+        The target is the trigger of that id in the chain's own channel: the only one
+        that can fire on the memory, and one the chain's creator administers. No trigger
+        of another channel is looked at, so the outcome says nothing of them.
+        """
+        channel = ctx.rule.channel
+        target_id = ctx.rule.config_value("trigger_id", "")
+        target = self.registry.get(channel, target_id)
         if target is None:
-            outcome = "chain target is gone"
+            outcome = f"chain target {target_id[:64]} is not a trigger of channel {channel}"
             await self._run(partial(self._memories.log, extra=ctx.writes(outcome)))
             return outcome
         if target.id in ctx.cause.chain or len(ctx.cause.chain) >= self._max_depth:
@@ -406,7 +415,7 @@ class TriggerEngine:
             )
 
             finish: list[PutKey | DeleteKey] = [
-                self.registry.history_entry(firing),
+                self.registry.history_entry(delivery.channel, firing),
                 *drop_delivery(delivery),
             ]
             event = outcome_event(delivery, outcome, self._clock.now())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -10,11 +11,13 @@ from calor.server.errors import InvalidArgumentError
 from calor.triggers.templates import check_template
 from calor.triggers.webhook_targets import parse_url
 
-__all__ = ["REDACTED", "redact_config", "validate_config"]
+__all__ = ["REDACTED", "TRIGGER_ID", "redact_config", "validate_config"]
 
 REDACTED = "[redacted]"
 """What the API shows in place of a write-only config value."""
 _WRITE_ONLY = frozenset({"secret"})  # a webhook's signing key: given once, never shown
+TRIGGER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+"""What a trigger id is: 1-64 letters, digits or ``_.:-``, starting with a letter or digit."""
 
 _MAX_CONFIG_KEY_BYTES = 256
 _MAX_CONFIG_VALUE_BYTES = 2048
@@ -102,6 +105,18 @@ def _check_retries(label: str, value: str) -> None:
 def _check_trigger_id(label: str, value: str) -> None:
     if not value.strip():
         raise InvalidArgumentError(f"{label}: must not be empty")
+    if TRIGGER_ID.fullmatch(value) is None:
+        raise InvalidArgumentError(
+            f"{label}: {value[:40]!r} is not a trigger id (1-64 letters, digits or _.:-, "
+            "starting with a letter or digit): the id of a trigger of this channel"
+        )
+
+
+def _check_chain_channel(label: str, value: str) -> None:
+    # Only that it is there: that it is the trigger's own channel is checked where the
+    # caller's grants are known (TriggerService).
+    if not value:
+        raise InvalidArgumentError(f"{label}: must not be empty (leave it out: the trigger's own)")
 
 
 _ACTION_CONFIG: Mapping[str, Mapping[str, _Key]] = {
@@ -119,7 +134,11 @@ _ACTION_CONFIG: Mapping[str, Mapping[str, _Key]] = {
         "timeout_seconds": _Key(_check_timeout),
         "retries": _Key(_check_retries),
     },
-    "chain": {"trigger_id": _Key(_check_trigger_id, required=True)},
+    # The target is a trigger of the chain's own channel; ``channel`` may say so.
+    "chain": {
+        "trigger_id": _Key(_check_trigger_id, required=True),
+        "channel": _Key(_check_chain_channel),
+    },
 }
 
 

@@ -44,7 +44,7 @@ class DecayScheduler:
         self._clock = clock
         self._run = run
         self._fire = fire
-        self._heap: list[tuple[float, str, str]] = []
+        self._heap: list[tuple[float, str, str, str]] = []  # moment, channel, id, memory
         self._changed = asyncio.Event()
         self._last_watermark = 0.0
 
@@ -61,10 +61,10 @@ class DecayScheduler:
         now = self._clock.now()
         if moment <= now:
             if late_after is not None and moment > late_after:
-                if not await self._run(self._registry.decay_fired, rule.id, memory_id, t0):
+                if not await self._run(self._registry.decay_fired, rule, memory_id, t0):
                     await self._fire(rule, memory_id, True, t0)
             return
-        heapq.heappush(self._heap, (moment, rule.id, memory_id))
+        heapq.heappush(self._heap, (moment, rule.channel, rule.id, memory_id))
         self._changed.set()
 
     async def load(self) -> None:
@@ -93,8 +93,8 @@ class DecayScheduler:
         while True:
             now = self._clock.now()
             while self._heap and self._heap[0][0] <= now:
-                _, rule_id, memory_id = heapq.heappop(self._heap)
-                rule = self._registry.get(rule_id)
+                _, channel, rule_id, memory_id = heapq.heappop(self._heap)
+                rule = self._registry.get(channel, rule_id)
                 if rule is not None:
                     await self._due(rule, memory_id)
             if now - self._last_watermark >= _WATERMARK_EVERY:
@@ -115,7 +115,7 @@ class DecayScheduler:
             self._memories.channels.decay_crossing, rule.channel, memory_id, rule.threshold
         )
         if found is not None and found[0] > self._clock.now():
-            heapq.heappush(self._heap, (found[0], rule.id, memory_id))  # warmed since
+            heapq.heappush(self._heap, (found[0], rule.channel, rule.id, memory_id))  # warmed
             return
         try:
             now, _ = await self._run(self._memories.inspect, rule.channel, memory_id)
@@ -127,6 +127,6 @@ class DecayScheduler:
             level = self._memories.channels.policy(rule.channel).cold_threshold
         if now.heat > level + 1e-9:
             return  # kept warm by something the heap did not hear of
-        if await self._run(self._registry.decay_fired, rule.id, memory_id, record.t0):
+        if await self._run(self._registry.decay_fired, rule, memory_id, record.t0):
             return
         await self._fire(rule, memory_id, False, record.t0)

@@ -1,8 +1,14 @@
-"""TriggerService: thin async servicers over the trigger engine, and the Subscribe stream."""
+"""TriggerService: thin async servicers over the trigger engine, and the Subscribe stream.
+
+A trigger id is its channel's own, so nothing a key can ask about an id tells it of
+another channel's triggers: creating a trigger under an id that another channel uses
+makes this channel's own, and deleting it or reading its history finds the trigger among
+the channels the caller administers only, answering for one elsewhere exactly as for an
+id that names nothing.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -32,7 +38,8 @@ from calor.server.events import EventRecord
 from calor.server.ids import new_id
 from calor.triggers.engine import TriggerEngine
 from calor.triggers.registry import Firing
-from calor.triggers.rules import EVENTS, rule_from_message, rule_message
+from calor.triggers.rule_config import TRIGGER_ID
+from calor.triggers.rules import EVENTS, TriggerRule, rule_from_message, rule_message
 from calor.triggers.subscriptions import EventFilter
 from calor.triggers.webhook import WebhookPolicy
 from calor.v1 import trigger_service_pb2 as tpb
@@ -43,7 +50,6 @@ __all__ = ["TriggerServicer", "event_message"]
 _Context = grpc.aio.ServicerContext[Any, Any]
 _KIND_PREFIX = "EVENT_KIND_"
 _MAX_PAGE = 1000
-_TRIGGER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 def event_message(event: EventRecord) -> tpb.Event:
@@ -90,8 +96,39 @@ def _readable() -> Callable[[str], bool] | None:
     )
 
 
-def _is_trigger_id(value: str) -> bool:
-    return _TRIGGER_ID.fullmatch(value) is not None
+def _not_administered(trigger_id: str) -> PermissionDeniedError:
+    """The answer to a key that names a trigger none of its channels has (whether another
+    channel has one or not: the words are the same)."""
+    return PermissionDeniedError(
+        f"trigger {trigger_id[:64]}: not a trigger of a channel this key administers"
+    )
+
+
+def _position(rule: TriggerRule) -> str:
+    """Where a listing of triggers, in (id, channel) order, stands after ``rule``."""
+    return f"{rule.id} {rule.channel}"
+
+
+def _split_position(position: str) -> tuple[str, str | None]:
+    """A listing position as (id, channel); a bare id (None) stands past all of its
+    channels (a cluster's merged listing gives one)."""
+    trigger_id, _, channel = position.partition(" ")
+    return trigger_id, channel or None
+
+
+def _is_list_position(value: str) -> bool:
+    trigger_id, channel = _split_position(value)
+    return TRIGGER_ID.fullmatch(trigger_id) is not None and (channel is None or " " not in channel)
+
+
+def _past(rule: TriggerRule, position: str) -> bool:
+    """Whether ``rule`` comes after ``position`` in a listing ('' for the start)."""
+    if not position:
+        return True
+    trigger_id, channel = _split_position(position)
+    if channel is None:
+        return rule.id > trigger_id
+    return (rule.id, rule.channel) > (trigger_id, channel)
 
 
 def _is_offset(value: str) -> bool:
@@ -130,18 +167,55 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
             raise UnavailableError("the server is starting: the model and indexes are loading")
         return self._engine
 
-    def _administered(self, trigger_id: str) -> None:
-        """Refuse a trigger of a channel the caller may not administer. An id that names
-        no trigger is refused alike (unless the caller administers every channel), so a
-        key learns nothing of other channels' triggers."""
+    def _channel_of(self, trigger_id: str, channel: str) -> str | None:
+        """The channel of the trigger a request names: ``channel`` when it gives one
+        (access control has checked that the caller administers it), else the one
+        channel the caller administers that has a trigger of this id. None when there
+        is none, for a caller who administers every channel.
+
+        Raises:
+            PermissionDeniedError: No channel the caller administers has a trigger of
+                this id: the same answer, word for word, whether another channel has
+                one or none has.
+            InvalidArgumentError: Several of them have one: the request must say which.
+        """
+        if channel:
+            return self._rt.validator.channel(channel)
         access = caller.grants()
-        if access.allows(EVERY_CHANNEL, Permission.ADMIN):
-            return
-        rule = self._triggers().registry.get(trigger_id)
-        if rule is None or not access.allows(rule.channel, Permission.ADMIN):
-            raise PermissionDeniedError(
-                f"trigger {trigger_id[:64]}: not a trigger of a channel this key administers"
+        held = [
+            rule.channel
+            for rule in self._triggers().registry.named(trigger_id)
+            if access.allows(rule.channel, Permission.ADMIN)
+        ]
+        if len(held) > 1:
+            raise InvalidArgumentError(
+                f"channel: triggers of id {trigger_id} are in {len(held)} channels "
+                f"({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}): name one"
             )
+        if held:
+            return held[0]
+        if access.allows(EVERY_CHANNEL, Permission.ADMIN):
+            return None
+        raise _not_administered(trigger_id)
+
+    def _check_chain(self, rule: TriggerRule) -> None:
+        """Refuse a chain whose target is named in another channel than its own. A chain
+        fires a trigger of its own channel (on the memory of its cause, which is there),
+        so its ``trigger_id`` is looked up there, at each firing; no other channel's
+        triggers are looked at, now or then, so neither reveals whether one exists."""
+        named = rule.config_value("channel")
+        if not named or named == rule.channel:
+            return
+        target = self._rt.validator.channel(named, "config.channel")
+        if not caller.grants().allows(target, Permission.ADMIN):
+            raise PermissionDeniedError(
+                f"config.channel: a chain's target must be a trigger of a channel this key "
+                f"administers, and {target} is not one"
+            )
+        raise InvalidArgumentError(
+            f"config.channel: a chain fires a trigger of its own channel ({rule.channel}), "
+            f"not of {target}; leave config.channel empty or make it {rule.channel}"
+        )
 
     def _check_webhook(self, url: str) -> None:
         """Refuse a webhook URL whose host and port are not on the server's allow-list."""
@@ -159,21 +233,22 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.CreateTriggerResponse:
         engine = self._triggers()
         trigger_id = request.trigger.id or new_id()
-        if _TRIGGER_ID.fullmatch(trigger_id) is None:
+        if TRIGGER_ID.fullmatch(trigger_id) is None:
             raise InvalidArgumentError(
                 "trigger.id: 1-64 letters, digits or _.:- (or leave it empty for a new id)"
             )
-        if engine.registry.get(trigger_id) is not None:
-            self._administered(trigger_id)  # another channel's trigger is not named
-            raise AlreadyExistsError(f"trigger {trigger_id} already exists")
         rule = rule_from_message(
             request.trigger,
             trigger_id=trigger_id,
             now=self._rt.clock.now(),
             validate_channel=self._rt.validator.channel,
         )
+        if engine.registry.get(rule.channel, trigger_id) is not None:  # this channel's only
+            raise AlreadyExistsError(f"trigger {trigger_id} already exists in {rule.channel}")
         if rule.action == "webhook":
             self._check_webhook(rule.config_value("url"))
+        if rule.action == "chain":
+            self._check_chain(rule)
         await self._rt.run(engine.registry.add, rule)
         if rule.event == "on_decay":
             await engine.scheduler.add_rule(rule)
@@ -184,17 +259,19 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         self, request: tpb.ListTriggersRequest, context: _Context
     ) -> tpb.ListTriggersResponse:
         engine = self._triggers()
-        after, size = _page(request.page_token, request.page_size, _is_trigger_id)
+        after, size = _page(request.page_token, request.page_size, _is_list_position)
         channel = self._rt.validator.channel(request.channel) if request.channel else None
         visible = caller.grants().predicate(Permission.ADMIN)
         rules = [
-            r for r in engine.registry.rules(channel=channel) if r.id > after and visible(r.channel)
+            r
+            for r in engine.registry.rules(channel=channel)
+            if _past(r, after) and visible(r.channel)
         ]
         page = rules[:size]
         more = len(rules) > size
         return tpb.ListTriggersResponse(
-            triggers=[rule_message(r, engine.registry.fires(r.id)) for r in page],
-            next_page_token=encode_page_token(page[-1].id) if more and page else "",
+            triggers=[rule_message(r, engine.registry.fires(r)) for r in page],
+            next_page_token=encode_page_token(_position(page[-1])) if more and page else "",
         )
 
     @rpc_errors
@@ -203,9 +280,11 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.DeleteTriggerResponse:
         if not request.id:
             raise InvalidArgumentError("id: a trigger id is required")
-        self._administered(request.id)
-        deleted = await self._rt.run(self._triggers().registry.remove, request.id)
-        if not deleted:
+        channel = self._channel_of(request.id, request.channel)
+        registry = self._triggers().registry
+        if channel is None or not await self._rt.run(registry.remove, channel, request.id):
+            if not caller.grants().allows(EVERY_CHANNEL, Permission.ADMIN):
+                raise _not_administered(request.id)
             raise NotFoundError(f"no trigger {request.id}")
         return tpb.DeleteTriggerResponse(deleted=True)
 
@@ -215,12 +294,14 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     ) -> tpb.TriggerHistoryResponse:
         if not request.trigger_id:
             raise InvalidArgumentError("trigger_id: a trigger id is required")
-        self._administered(request.trigger_id)
+        channel = self._channel_of(request.trigger_id, request.channel)
         after, size = _page(request.page_token, request.page_size, _is_offset)
         start = int(after) if after else 0
         registry = self._triggers().registry
-        firings: list[Firing] = await self._rt.run(
-            lambda: list(registry.history(request.trigger_id))
+        firings: list[Firing] = (
+            []
+            if channel is None
+            else await self._rt.run(lambda: list(registry.history(channel, request.trigger_id)))
         )
         rest = firings[start:]
         page = rest[:size]
@@ -252,7 +333,7 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         rules = await engine.would_fire(channel, kind, memory_id)
         return tpb.EvaluateTriggersResponse(
             matches=[
-                tpb.TriggerMatch(trigger=rule_message(r, engine.registry.fires(r.id)), would=would)
+                tpb.TriggerMatch(trigger=rule_message(r, engine.registry.fires(r)), would=would)
                 for r, would in rules
             ]
         )

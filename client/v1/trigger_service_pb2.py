@@ -26,7 +26,7 @@ from calor.v1 import memory_pb2 as calor_dot_v1_dot_memory__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x61lor/v1/trigger_service.proto\x12\x08\x63\x61lor.v1\x1a\x15\x63\x61lor/v1/memory.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x04\n\x07Trigger\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\x12\"\n\x05\x65vent\x18\x03 \x01(\x0e\x32\x13.calor.v1.EventKind\x12$\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x14.calor.v1.ActionKind\x12-\n\x06\x63onfig\x18\x05 \x03(\x0b\x32\x1d.calor.v1.Trigger.ConfigEntry\x12\x30\n\x12\x66ilter_memory_type\x18\x06 \x01(\x0e\x32\x14.calor.v1.MemoryType\x12\x16\n\x0e\x66ilter_pattern\x18\x07 \x01(\t\x12\x1e\n\x11\x66ilter_heat_above\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x66ilter_heat_below\x18\t \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tmax_fires\x18\n \x01(\x03\x12\x18\n\x10\x63ooldown_seconds\x18\x0b \x01(\x01\x12\r\n\x05\x66ires\x18\x0c \x01(\x03\x12\x16\n\tthreshold\x18\r \x01(\x01H\x02\x88\x01\x01\x12.\n\ncreated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_filter_heat_aboveB\x14\n\x12_filter_heat_belowB\x0c\n\n_threshold\":\n\x14\x43reateTriggerRequest\x12\"\n\x07trigger\x18\x01 \x01(\x0b\x32\x11.calor.v1.Trigger\";\n\x15\x43reateTriggerResponse\x12\"\n\x07trigger\x18\x01 \x01(\x0b\x32\x11.calor.v1.Trigger\"M\n\x13ListTriggersRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"T\n\x14ListTriggersResponse\x12#\n\x08triggers\x18\x01 \x03(\x0b\x32\x11.calor.v1.Trigger\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x14\x44\x65leteTriggerRequest\x12\n\n\x02id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteTriggerResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x8a\x01\n\rTriggerFiring\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x0c\n\x04late\x18\x06 \x01(\x08\"c\n\x15TriggerHistoryRequest\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"[\n\x16TriggerHistoryResponse\x12(\n\x07\x66irings\x18\x01 \x03(\x0b\x32\x17.calor.v1.TriggerFiring\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"a\n\x17\x45valuateTriggersRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\"\n\x05\x65vent\x18\x02 \x01(\x0e\x32\x13.calor.v1.EventKind\x12\x11\n\tmemory_id\x18\x03 \x01(\t\"A\n\x0cTriggerMatch\x12\"\n\x07trigger\x18\x01 \x01(\x0b\x32\x11.calor.v1.Trigger\x12\r\n\x05would\x18\x02 \x01(\t\"C\n\x18\x45valuateTriggersResponse\x12\'\n\x07matches\x18\x01 \x03(\x0b\x32\x16.calor.v1.TriggerMatch\"\x87\x02\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.calor.v1.EventKind\x12\x0f\n\x07\x63hannel\x18\x03 \x01(\t\x12\x11\n\tmemory_id\x18\x04 \x01(\t\x12\x12\n\ntrigger_id\x18\x05 \x01(\t\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x07 \x01(\t\x12-\n\x07payload\x18\x08 \x03(\x0b\x32\x1c.calor.v1.Event.PayloadEntry\x1a.\n\x0cPayloadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8e\x01\n\x10SubscribeRequest\x12\x10\n\x08\x63hannels\x18\x01 \x03(\t\x12\"\n\x05kinds\x18\x02 \x03(\x0e\x32\x13.calor.v1.EventKind\x12\x13\n\x0btrigger_ids\x18\x03 \x03(\t\x12\x11\n\tafter_seq\x18\x04 \x01(\x04\x12\x1c\n\x14\x66rom_oldest_retained\x18\x05 \x01(\x08\"3\n\x11SubscribeResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x0f.calor.v1.Event*\xa9\x02\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_ON_STORE\x10\x01\x12\x18\n\x14\x45VENT_KIND_ON_RECALL\x10\x02\x12\x17\n\x13\x45VENT_KIND_ON_BOOST\x10\x03\x12\x17\n\x13\x45VENT_KIND_ON_DECAY\x10\x04\x12\x15\n\x11\x45VENT_KIND_NOTIFY\x10\x05\x12\x14\n\x10\x45VENT_KIND_DREAM\x10\x06\x12\x12\n\x0e\x45VENT_KIND_PIN\x10\x07\x12\x12\n\x0e\x45VENT_KIND_TAG\x10\x08\x12\x18\n\x14\x45VENT_KIND_DEPRECATE\x10\t\x12\x16\n\x12\x45VENT_KIND_WEBHOOK\x10\n\x12\x14\n\x10\x45VENT_KIND_CHAIN\x10\x0b*\xcd\x01\n\nActionKind\x12\x1b\n\x17\x41\x43TION_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43TION_KIND_NOTIFY\x10\x01\x12\x15\n\x11\x41\x43TION_KIND_BOOST\x10\x02\x12\x13\n\x0f\x41\x43TION_KIND_PIN\x10\x03\x12\x13\n\x0f\x41\x43TION_KIND_TAG\x10\x04\x12\x19\n\x15\x41\x43TION_KIND_DEPRECATE\x10\x05\x12\x17\n\x13\x41\x43TION_KIND_WEBHOOK\x10\x06\x12\x15\n\x11\x41\x43TION_KIND_CHAIN\x10\x07\x32\xfb\x03\n\x0eTriggerService\x12P\n\rCreateTrigger\x12\x1e.calor.v1.CreateTriggerRequest\x1a\x1f.calor.v1.CreateTriggerResponse\x12M\n\x0cListTriggers\x12\x1d.calor.v1.ListTriggersRequest\x1a\x1e.calor.v1.ListTriggersResponse\x12P\n\rDeleteTrigger\x12\x1e.calor.v1.DeleteTriggerRequest\x1a\x1f.calor.v1.DeleteTriggerResponse\x12S\n\x0eTriggerHistory\x12\x1f.calor.v1.TriggerHistoryRequest\x1a .calor.v1.TriggerHistoryResponse\x12Y\n\x10\x45valuateTriggers\x12!.calor.v1.EvaluateTriggersRequest\x1a\".calor.v1.EvaluateTriggersResponse\x12\x46\n\tSubscribe\x12\x1a.calor.v1.SubscribeRequest\x1a\x1b.calor.v1.SubscribeResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x61lor/v1/trigger_service.proto\x12\x08\x63\x61lor.v1\x1a\x15\x63\x61lor/v1/memory.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x04\n\x07Trigger\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\x12\"\n\x05\x65vent\x18\x03 \x01(\x0e\x32\x13.calor.v1.EventKind\x12$\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x14.calor.v1.ActionKind\x12-\n\x06\x63onfig\x18\x05 \x03(\x0b\x32\x1d.calor.v1.Trigger.ConfigEntry\x12\x30\n\x12\x66ilter_memory_type\x18\x06 \x01(\x0e\x32\x14.calor.v1.MemoryType\x12\x16\n\x0e\x66ilter_pattern\x18\x07 \x01(\t\x12\x1e\n\x11\x66ilter_heat_above\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x66ilter_heat_below\x18\t \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tmax_fires\x18\n \x01(\x03\x12\x18\n\x10\x63ooldown_seconds\x18\x0b \x01(\x01\x12\r\n\x05\x66ires\x18\x0c \x01(\x03\x12\x16\n\tthreshold\x18\r \x01(\x01H\x02\x88\x01\x01\x12.\n\ncreated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_filter_heat_aboveB\x14\n\x12_filter_heat_belowB\x0c\n\n_threshold\":\n\x14\x43reateTriggerRequest\x12\"\n\x07trigger\x18\x01 \x01(\x0b\x32\x11.calor.v1.Trigger\";\n\x15\x43reateTriggerResponse\x12\"\n\x07trigger\x18\x01 \x01(\x0b\x32\x11.calor.v1.Trigger\"M\n\x13ListTriggersRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"T\n\x14ListTriggersResponse\x12#\n\x08triggers\x18\x01 \x03(\x0b\x32\x11.calor.v1.Trigger\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x14\x44\x65leteTriggerRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\"(\n\x15\x44\x65leteTriggerResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x8a\x01\n\rTriggerFiring\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x0c\n\x04late\x18\x06 \x01(\x08\"c\n\x15TriggerHistoryRequest\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"[\n\x16TriggerHistoryResponse\x12(\n\x07\x66irings\x18\x01 \x03(\x0b\x32\x17.calor.v1.TriggerFiring\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"a\n\x17\x45valuateTriggersRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\"\n\x05\x65vent\x18\x02 \x01(\x0e\x32\x13.calor.v1.EventKind\x12\x11\n\tmemory_id\x18\x03 \x01(\t\"A\n\x0cTriggerMatch\x12\"\n\x07trigger\x18\x01 \x01(\x0b\x32\x11.calor.v1.Trigger\x12\r\n\x05would\x18\x02 \x01(\t\"C\n\x18\x45valuateTriggersResponse\x12\'\n\x07matches\x18\x01 \x03(\x0b\x32\x16.calor.v1.TriggerMatch\"\x87\x02\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.calor.v1.EventKind\x12\x0f\n\x07\x63hannel\x18\x03 \x01(\t\x12\x11\n\tmemory_id\x18\x04 \x01(\t\x12\x12\n\ntrigger_id\x18\x05 \x01(\t\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x07 \x01(\t\x12-\n\x07payload\x18\x08 \x03(\x0b\x32\x1c.calor.v1.Event.PayloadEntry\x1a.\n\x0cPayloadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8e\x01\n\x10SubscribeRequest\x12\x10\n\x08\x63hannels\x18\x01 \x03(\t\x12\"\n\x05kinds\x18\x02 \x03(\x0e\x32\x13.calor.v1.EventKind\x12\x13\n\x0btrigger_ids\x18\x03 \x03(\t\x12\x11\n\tafter_seq\x18\x04 \x01(\x04\x12\x1c\n\x14\x66rom_oldest_retained\x18\x05 \x01(\x08\"3\n\x11SubscribeResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x0f.calor.v1.Event*\xa9\x02\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_ON_STORE\x10\x01\x12\x18\n\x14\x45VENT_KIND_ON_RECALL\x10\x02\x12\x17\n\x13\x45VENT_KIND_ON_BOOST\x10\x03\x12\x17\n\x13\x45VENT_KIND_ON_DECAY\x10\x04\x12\x15\n\x11\x45VENT_KIND_NOTIFY\x10\x05\x12\x14\n\x10\x45VENT_KIND_DREAM\x10\x06\x12\x12\n\x0e\x45VENT_KIND_PIN\x10\x07\x12\x12\n\x0e\x45VENT_KIND_TAG\x10\x08\x12\x18\n\x14\x45VENT_KIND_DEPRECATE\x10\t\x12\x16\n\x12\x45VENT_KIND_WEBHOOK\x10\n\x12\x14\n\x10\x45VENT_KIND_CHAIN\x10\x0b*\xcd\x01\n\nActionKind\x12\x1b\n\x17\x41\x43TION_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43TION_KIND_NOTIFY\x10\x01\x12\x15\n\x11\x41\x43TION_KIND_BOOST\x10\x02\x12\x13\n\x0f\x41\x43TION_KIND_PIN\x10\x03\x12\x13\n\x0f\x41\x43TION_KIND_TAG\x10\x04\x12\x19\n\x15\x41\x43TION_KIND_DEPRECATE\x10\x05\x12\x17\n\x13\x41\x43TION_KIND_WEBHOOK\x10\x06\x12\x15\n\x11\x41\x43TION_KIND_CHAIN\x10\x07\x32\xfb\x03\n\x0eTriggerService\x12P\n\rCreateTrigger\x12\x1e.calor.v1.CreateTriggerRequest\x1a\x1f.calor.v1.CreateTriggerResponse\x12M\n\x0cListTriggers\x12\x1d.calor.v1.ListTriggersRequest\x1a\x1e.calor.v1.ListTriggersResponse\x12P\n\rDeleteTrigger\x12\x1e.calor.v1.DeleteTriggerRequest\x1a\x1f.calor.v1.DeleteTriggerResponse\x12S\n\x0eTriggerHistory\x12\x1f.calor.v1.TriggerHistoryRequest\x1a .calor.v1.TriggerHistoryResponse\x12Y\n\x10\x45valuateTriggers\x12!.calor.v1.EvaluateTriggersRequest\x1a\".calor.v1.EvaluateTriggersResponse\x12\x46\n\tSubscribe\x12\x1a.calor.v1.SubscribeRequest\x1a\x1b.calor.v1.SubscribeResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRIGGER_CONFIGENTRY']._serialized_options = b'8\001'
   _globals['_EVENT_PAYLOADENTRY']._loaded_options = None
   _globals['_EVENT_PAYLOADENTRY']._serialized_options = b'8\001'
-  _globals['_EVENTKIND']._serialized_start=2036
-  _globals['_EVENTKIND']._serialized_end=2333
-  _globals['_ACTIONKIND']._serialized_start=2336
-  _globals['_ACTIONKIND']._serialized_end=2541
+  _globals['_EVENTKIND']._serialized_start=2053
+  _globals['_EVENTKIND']._serialized_end=2350
+  _globals['_ACTIONKIND']._serialized_start=2353
+  _globals['_ACTIONKIND']._serialized_end=2558
   _globals['_TRIGGER']._serialized_start=101
   _globals['_TRIGGER']._serialized_end=635
   _globals['_TRIGGER_CONFIGENTRY']._serialized_start=532
@@ -54,29 +54,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTRIGGERSRESPONSE']._serialized_start=837
   _globals['_LISTTRIGGERSRESPONSE']._serialized_end=921
   _globals['_DELETETRIGGERREQUEST']._serialized_start=923
-  _globals['_DELETETRIGGERREQUEST']._serialized_end=957
-  _globals['_DELETETRIGGERRESPONSE']._serialized_start=959
-  _globals['_DELETETRIGGERRESPONSE']._serialized_end=999
-  _globals['_TRIGGERFIRING']._serialized_start=1002
-  _globals['_TRIGGERFIRING']._serialized_end=1140
-  _globals['_TRIGGERHISTORYREQUEST']._serialized_start=1142
-  _globals['_TRIGGERHISTORYREQUEST']._serialized_end=1241
-  _globals['_TRIGGERHISTORYRESPONSE']._serialized_start=1243
-  _globals['_TRIGGERHISTORYRESPONSE']._serialized_end=1334
-  _globals['_EVALUATETRIGGERSREQUEST']._serialized_start=1336
-  _globals['_EVALUATETRIGGERSREQUEST']._serialized_end=1433
-  _globals['_TRIGGERMATCH']._serialized_start=1435
-  _globals['_TRIGGERMATCH']._serialized_end=1500
-  _globals['_EVALUATETRIGGERSRESPONSE']._serialized_start=1502
-  _globals['_EVALUATETRIGGERSRESPONSE']._serialized_end=1569
-  _globals['_EVENT']._serialized_start=1572
-  _globals['_EVENT']._serialized_end=1835
-  _globals['_EVENT_PAYLOADENTRY']._serialized_start=1789
-  _globals['_EVENT_PAYLOADENTRY']._serialized_end=1835
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1838
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1980
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=1982
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=2033
-  _globals['_TRIGGERSERVICE']._serialized_start=2544
-  _globals['_TRIGGERSERVICE']._serialized_end=3051
+  _globals['_DELETETRIGGERREQUEST']._serialized_end=974
+  _globals['_DELETETRIGGERRESPONSE']._serialized_start=976
+  _globals['_DELETETRIGGERRESPONSE']._serialized_end=1016
+  _globals['_TRIGGERFIRING']._serialized_start=1019
+  _globals['_TRIGGERFIRING']._serialized_end=1157
+  _globals['_TRIGGERHISTORYREQUEST']._serialized_start=1159
+  _globals['_TRIGGERHISTORYREQUEST']._serialized_end=1258
+  _globals['_TRIGGERHISTORYRESPONSE']._serialized_start=1260
+  _globals['_TRIGGERHISTORYRESPONSE']._serialized_end=1351
+  _globals['_EVALUATETRIGGERSREQUEST']._serialized_start=1353
+  _globals['_EVALUATETRIGGERSREQUEST']._serialized_end=1450
+  _globals['_TRIGGERMATCH']._serialized_start=1452
+  _globals['_TRIGGERMATCH']._serialized_end=1517
+  _globals['_EVALUATETRIGGERSRESPONSE']._serialized_start=1519
+  _globals['_EVALUATETRIGGERSRESPONSE']._serialized_end=1586
+  _globals['_EVENT']._serialized_start=1589
+  _globals['_EVENT']._serialized_end=1852
+  _globals['_EVENT_PAYLOADENTRY']._serialized_start=1806
+  _globals['_EVENT_PAYLOADENTRY']._serialized_end=1852
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1855
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1997
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1999
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=2050
+  _globals['_TRIGGERSERVICE']._serialized_start=2561
+  _globals['_TRIGGERSERVICE']._serialized_end=3068
 # @@protoc_insertion_point(module_scope)

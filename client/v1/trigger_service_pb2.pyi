@@ -270,15 +270,22 @@ class DeleteTriggerRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    channel: _builtins.str
+    """The trigger's channel (a trigger id is its channel's own: two channels may each
+    have one of the same id). Empty: the one channel the caller administers that has
+    a trigger of this id.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
+        channel: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "id", b"id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -350,6 +357,9 @@ class TriggerHistoryRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     trigger_id: _builtins.str
     channel: _builtins.str
+    """The trigger's channel, as in DeleteTriggerRequest; a deleted trigger's history is
+    read with it.
+    """
     page_size: _builtins.int
     page_token: _builtins.str
     def __init__(

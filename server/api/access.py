@@ -6,7 +6,9 @@ What a request alone cannot tell (whose trigger an id names, which channels an e
 ``Subscribe`` means) is checked where the data is, from ``caller.grants()``. Health and
 reflection stay open. Keys are swapped by ``reload``: a stream whose key was revoked
 ends UNAUTHENTICATED at once, one whose key's grants changed ends UNAVAILABLE (call
-again: the new grants apply); every other stream goes on.
+again: the new grants apply); every other stream goes on. A key past its ``expires``
+(by the server's clock) is UNAUTHENTICATED from its next call, and its open streams end
+UNAUTHENTICATED at their next message either way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -27,6 +30,7 @@ from calor.server.api import caller
 from calor.server.api.auth_file import ApiKey, KeyRing
 from calor.server.api.decoding import HANDLER_KINDS
 from calor.server.api.grants import EVERY_CHANNEL, EVERYTHING, Grants, Permission
+from calor.server.clock import Clock, SystemClock
 
 __all__ = ["OPEN_SERVICES", "RULES", "AccessControl", "Need", "loopback"]
 
@@ -85,8 +89,8 @@ RULES: dict[str, Need] = {
     _M + "DropChannel": _own(ADMIN),
     _T + "CreateTrigger": lambda r: [(r.trigger.channel, ADMIN)],
     _T + "ListTriggers": _own(ADMIN),
-    _T + "DeleteTrigger": lambda r: [],  # the trigger's channel: trigger_service checks
-    _T + "TriggerHistory": _own(ADMIN),  # and the trigger's own channel, likewise
+    _T + "DeleteTrigger": _own(ADMIN),  # with no channel, trigger_service finds the
+    _T + "TriggerHistory": _own(ADMIN),  # trigger among the caller's channels
     _T + "EvaluateTriggers": _own(ADMIN),
     _T + "Subscribe": lambda r: [(c, READ) for c in r.channels],
     _S + "GetSettings": _own(READ),
@@ -122,6 +126,12 @@ def _denial(need: Need, request: object, grants: Grants) -> str | None:
     return None
 
 
+def _expiry(key: ApiKey) -> str:
+    """What an expired key's caller is told."""
+    when = key.expires.astimezone(UTC).isoformat().replace("+00:00", "Z") if key.expires else ""
+    return f"the API key {key.id} expired at {when}; it needs a new one (calor keys add)"
+
+
 def _bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     for name, value in metadata or ():
         if name == "authorization" and isinstance(value, str):
@@ -133,9 +143,11 @@ def _bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
 
 @dataclass(eq=False)
 class _Session:
-    """A streaming call in flight, ended early when its key is revoked or changed."""
+    """A streaming call in flight, ended early when its key is revoked, changed or
+    expired."""
 
     key: ApiKey
+    clock: Clock
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     status: tuple[grpc.StatusCode, str] = (grpc.StatusCode.OK, "")
 
@@ -143,18 +155,26 @@ class _Session:
         self.status = (code, message)
         self.ended.set()
 
+    def over(self) -> bool:
+        """Whether the session has ended, ending it first if its key has expired."""
+        if not self.ended.is_set() and self.key.expired(self.clock.now()):
+            self.end(grpc.StatusCode.UNAUTHENTICATED, _expiry(self.key))
+        return self.ended.is_set()
+
 
 class AccessControl(grpc.aio.ServerInterceptor):
-    """Checks every call's key and grants; without keys (``None``) the server runs open."""
+    """Checks every call's key, its expiry by ``clock`` and its grants; without keys
+    (``None``) the server runs open."""
 
-    def __init__(self, keys: KeyRing | None) -> None:
+    def __init__(self, keys: KeyRing | None, clock: Clock | None = None) -> None:
         self._keys = keys
+        self._clock: Clock = clock or SystemClock()
         self._sessions: set[_Session] = set()
 
     def reload(self, keys: KeyRing) -> None:
-        """Serve these keys from the next call on; end the streams of revoked keys
-        (UNAUTHENTICATED) and of keys whose grants changed (UNAVAILABLE). Call it on the
-        server's event loop."""
+        """Serve these keys from the next call on; end the streams of revoked or expired
+        keys (UNAUTHENTICATED) and of keys whose grants changed (UNAVAILABLE). Call it on
+        the server's event loop."""
         self._keys = keys
         ended = 0
         for session in list(self._sessions):
@@ -164,10 +184,12 @@ class AccessControl(grpc.aio.ServerInterceptor):
             elif now.grants != session.key.grants:
                 session.end(grpc.StatusCode.UNAVAILABLE, "the API key's grants changed; call again")
             else:
-                continue
+                session.key = now  # a new expiry (or label) holds for the open stream too
+                if not session.over():
+                    continue
             ended += 1
         if ended:
-            log.info("access control: ended %d streams of revoked or changed keys", ended)
+            log.info("access control: ended %d streams of revoked, expired or changed keys", ended)
 
     async def intercept_service(
         self,
@@ -182,8 +204,9 @@ class AccessControl(grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         token = _bearer(handler_call_details.invocation_metadata)
         key = self._keys.authenticate(token) if token else None
-        if key is not None:  # named before the layers inside run (limits count per key)
-            caller.set_key_id(key.id)
+        expired = key is not None and key.expired(self._clock.now())
+        if key is not None and not expired:  # named before the layers inside run
+            caller.set_key_id(key.id)  # (limits count per key)
             caller.set_grants(key.grants)
         handler = await continuation(handler_call_details)
         if handler is None:
@@ -192,7 +215,10 @@ class AccessControl(grpc.aio.ServerInterceptor):
             reason = "the API key is not valid" if token else "an API key is required"
             message = f"{reason} (send the metadata authorization: Bearer KEY)"
             return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, message)
-        return _Guard(handler, RULES.get(method, _SERVER_WIDE), key, self._sessions).wrapped()
+        if expired:
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, _expiry(key))
+        need = RULES.get(method, _SERVER_WIDE)
+        return _Guard(handler, need, key, self._sessions, self._clock).wrapped()
 
 
 @dataclass(frozen=True)
@@ -203,6 +229,7 @@ class _Guard:
     need: Need
     key: ApiKey
     sessions: set[_Session]
+    clock: Clock
 
     def wrapped(self) -> _Handler:
         """A handler of the same kind that checks, then runs the original."""
@@ -232,7 +259,7 @@ class _Guard:
         self, requests: AsyncIterator[Any], context: Any, session: _Session
     ) -> AsyncIterator[Any]:
         async for request in requests:
-            if session.ended.is_set():
+            if session.over():
                 await context.abort(*session.status)
             await self.check(request, context)
             yield request
@@ -243,24 +270,25 @@ class _Guard:
 
     async def server_stream(self, request: Any, context: Any) -> AsyncIterator[Any]:
         await self.check(request, context)
-        with _open(self.sessions, self.key) as session:
+        with _open(self.sessions, self.key, self.clock) as session:
             responses = self.inner(request, context)
             async for response in _until_ended(responses, session, context):
                 yield response
 
     async def client_stream(self, requests: AsyncIterator[Any], context: Any) -> Any:
-        with _open(self.sessions, self.key) as session:
+        with _open(self.sessions, self.key, self.clock) as session:
             return await self.inner(self.checked(requests, context, session), context)
 
     def bidirectional(self, requests: AsyncIterator[Any], context: Any) -> Any:
         """None in the API today: each message is checked, the stream is not cut."""
-        return self.inner(self.checked(requests, context, _Session(self.key)), context)
+        session = _Session(self.key, self.clock)
+        return self.inner(self.checked(requests, context, session), context)
 
 
 @contextmanager
-def _open(sessions: set[_Session], key: ApiKey) -> Iterator[_Session]:
+def _open(sessions: set[_Session], key: ApiKey, clock: Clock) -> Iterator[_Session]:
     """A session of ``key`` for as long as its stream is open."""
-    session = _Session(key)
+    session = _Session(key, clock)
     sessions.add(session)
     try:
         yield session
@@ -270,7 +298,8 @@ def _open(sessions: set[_Session], key: ApiKey) -> Iterator[_Session]:
 
 async def _until_ended(responses: Any, session: _Session, context: Any) -> AsyncIterator[Any]:
     """The servicer's responses, until they end or the session does: then the call ends
-    with the session's status, even while the servicer waits (an idle subscription)."""
+    with the session's status, even while the servicer waits (an idle subscription). A
+    response due after the key has expired is not sent: the call ends instead."""
     if inspect.isawaitable(responses):  # a servicer that writes with context.write()
         await responses
         return
@@ -288,6 +317,8 @@ async def _until_ended(responses: Any, session: _Session, context: Any) -> Async
             except StopAsyncIteration:
                 return
             step = None
+            if session.over():
+                break
             yield response
     finally:
         ended.cancel()

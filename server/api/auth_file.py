@@ -6,6 +6,7 @@ One table per key, named by its id::
     label = "team A agents"
     sha256 = "9c56…"                     # of the secret, lowercase hex
     created = 2026-05-01T12:00:00Z
+    expires = 2027-01-01T00:00:00Z       # optional: refused from then on
 
     [keys.3f9a2c1d0e4b.grants]
     "team-a/*" = ["read", "write"]
@@ -26,7 +27,7 @@ import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "load",
     "new_key",
     "parse",
+    "parse_expiry",
     "read",
     "save",
 ]
@@ -50,7 +52,7 @@ __all__ = [
 TOKEN_PREFIX = "calor_"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-_FIELDS = frozenset({"label", "sha256", "created", "grants"})
+_FIELDS = frozenset({"label", "sha256", "created", "expires", "grants"})
 _HEADER = (
     "# Calor API keys (`calor serve --auth-file`), managed with `calor keys`.\n"
     "# Only the SHA-256 of each secret is stored; grants: read, write, admin.\n\n"
@@ -75,10 +77,16 @@ class ApiKey:
     grants: Grants
     label: str = ""
     created: datetime | None = None
+    expires: datetime | None = None
+    """From this moment on the key is refused; None: it does not expire."""
 
     def matches(self, secret: str) -> bool:
         """Whether ``secret`` is this key's (compared in constant time)."""
         return hmac.compare_digest(digest(secret), self.sha256)
+
+    def expired(self, now: float) -> bool:
+        """Whether the key has expired at ``now`` (seconds since the Unix epoch)."""
+        return self.expires is not None and now >= self.expires.timestamp()
 
 
 @dataclass(frozen=True)
@@ -106,13 +114,42 @@ class KeyRing:
         return KeyRing({k: v for k, v in self.keys.items() if k != key_id})
 
 
-def new_key(label: str, grants: Grants, now: datetime | None = None) -> tuple[ApiKey, str]:
-    """A fresh key and the token that presents it; the token is shown once, never stored."""
+def new_key(
+    label: str, grants: Grants, now: datetime | None = None, expires: datetime | None = None
+) -> tuple[ApiKey, str]:
+    """A fresh key and the token that presents it; the token is shown once, never stored.
+
+    ``expires``, given, is when the server starts refusing it.
+    """
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     created = (now or datetime.now(UTC)).replace(microsecond=0)
-    key = ApiKey(key_id, digest(secret), grants, label, created)
+    key = ApiKey(key_id, digest(secret), grants, label, created, expires)
     return key, f"{TOKEN_PREFIX}{key_id}_{secret}"
+
+
+def parse_expiry(text: str, now: datetime) -> datetime:
+    """An expiry as ``calor keys add --expires`` takes it: an ISO 8601 date-time with its
+    offset (``2027-01-01T00:00:00Z``), or a date (``2027-01-01``, midnight UTC).
+
+    Raises:
+        ValueError: It is neither, has no offset, or is not after ``now``.
+    """
+    try:
+        moment = datetime.combine(date.fromisoformat(text), time(), UTC)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not an ISO 8601 date-time with its offset "
+                "(2027-01-01T00:00:00Z) or a date (2027-01-01)"
+            ) from None
+        if moment.tzinfo is None:
+            raise ValueError(f"{text!r} has no offset: add Z for UTC, or +HH:MM") from None
+    if moment <= now:
+        raise ValueError(f"{text} is not in the future (now {now.isoformat()})")
+    return moment
 
 
 def load(path: Path) -> KeyRing:
@@ -181,6 +218,7 @@ def _key(key_id: str, entry: Any) -> ApiKey:
         raise ValueError(f"{where}: label must be a string")
     if created is not None and not (isinstance(created, datetime) and created.tzinfo):
         raise ValueError(f"{where}: created must be a date-time with its offset")
+    expires = _expires(where, entry.get("expires"))
     raw = entry.get("grants")
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f'{where}: grants must be a table, e.g. "team-a/*" = ["read"]')
@@ -192,7 +230,19 @@ def _key(key_id: str, entry: Any) -> ApiKey:
             grants.append(Grant(pattern, permissions(names)))
         except ValueError as error:
             raise ValueError(f"{where}: grants: {error}") from None
-    return ApiKey(key_id, sha, Grants(tuple(grants)), label, created)
+    return ApiKey(key_id, sha, Grants(tuple(grants)), label, created, expires)
+
+
+def _expires(where: str, value: object) -> datetime | None:
+    """An entry's ``expires``: a TOML date-time with its offset, or a date (midnight UTC)."""
+    if value is None or (isinstance(value, datetime) and value.tzinfo):
+        return value
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return datetime.combine(value, time(), UTC)
+    raise ValueError(
+        f"{where}: expires must be an unquoted date-time with its offset "
+        "(expires = 2027-01-01T00:00:00Z) or a date (expires = 2027-01-01)"
+    )
 
 
 def save(path: Path, keys: KeyRing) -> None:
@@ -226,5 +276,7 @@ def _entry(key: ApiKey) -> dict[str, Any]:
     entry: dict[str, Any] = {"label": key.label, "sha256": key.sha256}
     if key.created is not None:
         entry["created"] = key.created
+    if key.expires is not None:
+        entry["expires"] = key.expires
     entry["grants"] = {g.pattern: sorted(p.value for p in g.permissions) for g in key.grants.grants}
     return entry

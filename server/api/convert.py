@@ -50,7 +50,7 @@ def memory_message(record: MemoryRecord, heat: float, readable: bool = True) -> 
     if not readable:
         message = memory_message(record, heat)
         for name in ("text", "tags", "entities", "provenance"):  # what the memory says
-            message.ClearField(name)  # type: ignore[arg-type]
+            message.ClearField(name)
         message.content_withheld = True
         return message
     message = memory_pb2.Memory(

@@ -51,7 +51,7 @@ def channels_of(name: str, request: Any) -> tuple[str, ...] | None:
     """The channels the call ``name`` reads or writes, from its (first) request; None
     for a call about no channel in particular or about every one: the server's status,
     a trigger named by its id alone, a subscription or trigger list without channels."""
-    if request is None or name == "ServerStatus" or name == "DeleteTrigger":
+    if request is None or name == "ServerStatus":
         return None
     if name == "Recall":
         return (request.channel, *request.channels)
@@ -63,7 +63,7 @@ def channels_of(name: str, request: Any) -> tuple[str, ...] | None:
         return (request.trigger.channel,)
     if name == "StoreStream":
         return (request.store.channel,)
-    if name in ("ListTriggers", "TriggerHistory"):
+    if name in ("ListTriggers", "TriggerHistory", "DeleteTrigger"):
         return (request.channel,) if request.channel else None
     return (str(request.channel),)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calor.server.errors import FailedPreconditionError
+from calor.server.errors import FailedPreconditionError, StoreInUseError
 from calor.server.events import EventRecord
 from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.keys import split
@@ -321,15 +321,10 @@ def open_offline(path: Path, *, model_id: str, dim: int) -> MemoryStore:
         raise FailedPreconditionError(f"no Calor store in {path}")
     try:
         return MemoryStore.open(path, model_id=model_id, dim=dim)
-    except FailedPreconditionError:
-        raise
-    except Exception as err:  # rocksdict raises a bare Exception, "IO error: … LOCK: …"
-        if "lock" not in str(err).lower():
-            raise
-        raise FailedPreconditionError(
-            f"the store in {path} is in use (a running `calor serve`?); "
-            "stop the server first: calor check works on a store no server holds"
-        ) from err
+    except StoreInUseError as err:
+        raise StoreInUseError(
+            f"{err.message}; calor check works on a store no server holds"
+        ) from None
 
 
 def _parse_event(data: bytes) -> EventRecord | None:

@@ -1,6 +1,6 @@
 """Every RocksDB key of the store, by name: the whole on-disk schema.
 
-Schema version 3. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
+Schema version 4. Keys are raw bytes; channel names never hold NUL (``\\0`` below).
 
     meta:schema                        JSON {schema_version, model_id, dim}
     meta:migrations                    JSON list of the migrations this store went through
@@ -17,10 +17,12 @@ Schema version 3. Keys are raw bytes; channel names never hold NUL (``\\0`` belo
     e:<channel>\\0<a>\\0<b>\\0<kind>       edge weight as text (a < b; edges are undirected)
     x:<channel>\\0<a>\\0<b>              an open conflict's reason (a < b)
     l:<seq, 8 bytes big-endian>        EventRecord JSON: the event log, numbered at commit
-    t:<trigger id>                     TriggerRule JSON
-    f:<trigger id>                     the trigger's fire counter JSON
-    h:<trigger id>\\0<order, 8 bytes>   a firing of the trigger (its history) JSON
-    d:<trigger id>\\0<memory id>        t0 of the heat trajectory whose decay already fired
+    t:<channel>\\0<trigger id>         TriggerRule JSON (a trigger id is its channel's own)
+    f:<channel>\\0<trigger id>         the trigger's fire counter JSON
+    h:<channel>\\0<trigger id>\\0<order, 8 bytes>
+                                       a firing of the trigger (its history) JSON
+    d:<channel>\\0<trigger id>\\0<memory id>
+                                       t0 of the heat trajectory whose decay already fired
     s:cursor                           the trigger dispatcher's place in the log JSON
     s:watermark                        time up to which decay crossings were handled
     o:<idempotency key>                a webhook delivery not yet finished JSON
@@ -40,6 +42,7 @@ __all__ = [
     "CHANNEL_FAMILIES",
     "SCHEMA_VERSION",
     "SEP",
+    "TRIGGER_FAMILIES",
     "Keys",
     "join",
     "past",
@@ -47,7 +50,9 @@ __all__ = [
     "split",
 ]
 
-SCHEMA_VERSION = 3  # 3: heats beside records (w:); an older Calor would not read them
+# 3: heats beside records (w:); 4: trigger keys under their channel (ids are per channel).
+# An older Calor would not read them.
+SCHEMA_VERSION = 4
 SEP = b"\x00"
 
 
@@ -85,6 +90,8 @@ class Keys:
     EVENTS = b"l:"
     TRIGGERS = b"t:"
     FIRE_COUNTERS = b"f:"
+    HISTORY = b"h:"
+    DECAY_MARKS = b"d:"
     DELIVERIES = b"o:"
 
     @staticmethod
@@ -140,24 +147,24 @@ class Keys:
         return b"l:" + seq_bytes(seq)
 
     @staticmethod
-    def trigger(trigger_id: str) -> bytes:
-        """A trigger's rule."""
-        return b"t:" + trigger_id.encode()
+    def trigger(channel: str, trigger_id: str) -> bytes:
+        """A trigger's rule (trigger ids are per channel)."""
+        return join(b"t:", channel, trigger_id)
 
     @staticmethod
-    def fire_counter(trigger_id: str) -> bytes:
+    def fire_counter(channel: str, trigger_id: str) -> bytes:
         """How often a trigger fired, and when last."""
-        return b"f:" + trigger_id.encode()
+        return join(b"f:", channel, trigger_id)
 
     @staticmethod
-    def firing(trigger_id: str, order: int) -> bytes:
+    def firing(channel: str, trigger_id: str, order: int) -> bytes:
         """One entry of a trigger's history."""
-        return join(b"h:", trigger_id) + SEP + seq_bytes(order)
+        return Keys.history(channel, trigger_id) + seq_bytes(order)
 
     @staticmethod
-    def decay_mark(trigger_id: str, memory_id: str) -> bytes:
+    def decay_mark(channel: str, trigger_id: str, memory_id: str) -> bytes:
         """The heat trajectory of a memory whose decay crossing a trigger fired for."""
-        return join(b"d:", trigger_id, memory_id)
+        return join(b"d:", channel, trigger_id, memory_id)
 
     @staticmethod
     def delivery(idempotency_key: str) -> bytes:
@@ -186,9 +193,9 @@ class Keys:
         return join(b"k:", channel, memory_id) + SEP + key
 
     @staticmethod
-    def history(trigger_id: str) -> bytes:
+    def history(channel: str, trigger_id: str) -> bytes:
         """The prefix of every entry of a trigger's history."""
-        return join(b"h:", trigger_id) + SEP
+        return join(b"h:", channel, trigger_id) + SEP
 
     @staticmethod
     def channel_quotes(channel: str) -> bytes:
@@ -196,12 +203,12 @@ class Keys:
         return join(b"k:", channel) + SEP
 
     @staticmethod
-    def trigger_ranges(trigger_id: str) -> list[tuple[bytes, bytes]]:
-        """Every key range a trigger owns (rule, counter, history, decay marks), as
-        [start, end) pairs: what deleting it for good removes."""
-        exact = [Keys.trigger(trigger_id), Keys.fire_counter(trigger_id)]
-        prefixes = [join(b"h:", trigger_id) + SEP, join(b"d:", trigger_id) + SEP]
-        return [(key, key + SEP) for key in exact] + [(p, past(p)) for p in prefixes]
+    def trigger_ranges(channel: str) -> list[tuple[bytes, bytes]]:
+        """Every key range a channel's triggers own (rules, counters, history, decay
+        marks, those of triggers deleted before included), as [start, end) pairs: what
+        dropping the channel removes of them."""
+        prefixes = [join(family, channel) + SEP for family in TRIGGER_FAMILIES]
+        return [(p, past(p)) for p in prefixes]
 
     @staticmethod
     def channel_ranges(channel: str) -> list[tuple[bytes, bytes]]:
@@ -215,6 +222,9 @@ class Keys:
 # The families whose keys start with ``<channel>\0``: memories, their heats, embeddings,
 # idempotency keys, edges, conflicts, the recall log, feedback, the quote index.
 CHANNEL_FAMILIES = (b"m:", b"w:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:")
+# The trigger engine's families, whose keys start with ``<channel>\0`` too (since schema
+# version 4): rules, fire counters, history, decay marks.
+TRIGGER_FAMILIES = (b"t:", b"f:", b"h:", b"d:")
 
 
 def past(prefix: bytes) -> bytes:

@@ -1,7 +1,7 @@
 """RocksDB, the source of truth: the whole on-disk schema, its migrations, atomic commits
 of change lists, and the reads recovery and the trigger engine need.
 
-Schema version 2; every key is named in :mod:`calor.server.storage.keys`.
+Schema version 4; every key is named in :mod:`calor.server.storage.keys`.
 
 Keys are built by :class:`~calor.server.storage.keys.Keys` and parsed by the readers of
 :class:`MemoryStore`; other modules name keys only through :class:`Keys`. Every write
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from calor.server.errors import (
     LogBehindError,
     StorageError,
     StorageFullError,
+    StoreInUseError,
     StoreMismatchError,
     UnavailableError,
 )
@@ -62,6 +64,7 @@ from calor.server.storage.ops import (
     Quote,
     vector_from,
 )
+from calor.server.storage.trigger_keys import triggers_by_channel
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
@@ -93,6 +96,49 @@ def _write_refused(error: Exception) -> CalorError:
     return StorageError(f"the store could not write ({message})")
 
 
+def _in_use(path: Path) -> str:
+    """Why the store in ``path`` cannot be opened: who holds its RocksDB lock."""
+    lock = path / "rocksdb" / "LOCK"
+    holder = _lock_holder(lock)
+    if holder == os.getpid():
+        who = "this process holds"
+    elif holder is not None:
+        who = f"process {holder} holds"
+    else:
+        who = "another process holds"
+    return (
+        f"the data directory {path} is in use: {who} its RocksDB lock ({lock}), and a "
+        "store is opened by one process at a time: stop that one (a running `calor "
+        "serve`?), or point --data-dir elsewhere"
+    )
+
+
+def _lock_holder(lock: Path) -> int | None:
+    """The process holding the POSIX lock on ``lock``, as ``/proc/locks`` names it
+    (RocksDB locks its LOCK file with ``fcntl``); None where that cannot be told."""
+    try:
+        found = os.stat(lock)
+        with open("/proc/locks", encoding="ascii") as locks:
+            lines = locks.read().splitlines()
+    except OSError:  # no such file, or no /proc (not Linux)
+        return None
+    # A line: "1: POSIX  ADVISORY  WRITE 3890 fe:00:2147198 0 EOF" (a waiter has "->").
+    where = (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8 or fields[1] != "POSIX":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            held = (int(major, 16), int(minor, 16), int(inode))
+            pid = int(fields[4])
+        except ValueError:  # a line of another shape: not the lock looked for
+            continue
+        if held == where and pid > 0:  # 0 or less: a holder outside our pid namespace
+            return pid
+    return None
+
+
 # A migration brings a store from the version before it to its own: (version, name, step).
 _Migration = tuple[int, str, Callable[[rocksdict.Rdict], None]]
 
@@ -106,6 +152,7 @@ def _cursor_as_json(db: rocksdict.Rdict) -> None:
 
 _MIGRATIONS: list[_Migration] = [
     (2, "cursor_as_json", _cursor_as_json),
+    (4, "triggers_by_channel", triggers_by_channel),
 ]
 
 
@@ -186,6 +233,7 @@ class MemoryStore:
         Raises:
             StoreMismatchError: the store was written by another model, or by a newer
                 version of Calor.
+            StoreInUseError: another process (or another store of this one) holds it.
         """
         path.mkdir(parents=True, exist_ok=True)
         options = rocksdict.Options(raw_mode=True)
@@ -200,7 +248,14 @@ class MemoryStore:
         options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
         # The column family's options said here (else an existing store keeps those it
         # was made with: rocksdict reads them back from its OPTIONS file).
-        db = rocksdict.Rdict(str(path / "rocksdb"), options, column_families={"default": options})
+        try:
+            db = rocksdict.Rdict(
+                str(path / "rocksdb"), options, column_families={"default": options}
+            )
+        except Exception as error:  # rocksdict raises a bare Exception: "IO error: … LOCK: …"
+            if "/LOCK:" not in str(error):
+                raise
+            raise StoreInUseError(_in_use(path)) from error
         expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
         found = db.get(Keys.META)
         if found is None:
@@ -607,23 +662,24 @@ class MemoryStore:
     # --- the trigger engine's records ----------------------------------------------
 
     def trigger_rules(self) -> Iterator[bytes]:
-        """Every trigger's rule JSON, in id order."""
+        """Every trigger's rule JSON, in (channel, id) order."""
         for _, value in self._scan(Keys.TRIGGERS):
             yield value
 
-    def fire_counters(self) -> Iterator[tuple[str, bytes]]:
-        """Every trigger's fire counter as (trigger id, JSON)."""
+    def fire_counters(self) -> Iterator[tuple[str, str, bytes]]:
+        """Every trigger's fire counter as (channel, trigger id, JSON)."""
         for key, value in self._scan(Keys.FIRE_COUNTERS):
-            yield key[2:].decode(), value
+            channel, trigger_id = split(key)
+            yield channel, trigger_id, value
 
-    def firings(self, trigger_id: str) -> Iterator[bytes]:
+    def firings(self, channel: str, trigger_id: str) -> Iterator[bytes]:
         """A trigger's history entries (JSON), oldest first."""
-        for _, value in self._scan(Keys.history(trigger_id)):
+        for _, value in self._scan(Keys.history(channel, trigger_id)):
             yield value
 
-    def last_firing_order(self, trigger_id: str) -> int:
+    def last_firing_order(self, channel: str, trigger_id: str) -> int:
         """The order number of a trigger's latest history entry (0 if none)."""
-        last = self._last_key(Keys.history(trigger_id))
+        last = self._last_key(Keys.history(channel, trigger_id))
         return 0 if last is None else int.from_bytes(last[-8:], "big")
 
     def deliveries(self) -> Iterator[bytes]:
