@@ -14,7 +14,7 @@ NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 NATS_SERVER := $(VENV)/bin/nats-server
 
-.PHONY: serve test soak proto lint bench bench-quality bench-peers check-stubs clean nats-server cluster bench-cluster
+.PHONY: serve test soak proto lint bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -93,6 +93,12 @@ $(BENCH_STAMP): $(STAMP)
 
 bench-quality: $(BENCH_STAMP)
 	$(PY) bench/quality.py $(ARGS)
+
+## Recall quality on RealMem (10 personas, 1,411 queries): Calor's engine in-process over
+## cached vectors beside dense, BM25 and RRF; ARGS="--clock session", "--set lexical=0.3",
+## "--ablation", "--personas 3", "--embed-only" (fills the vector cache, about 10 minutes).
+bench-realmem: $(BENCH_STAMP)
+	$(PY) bench/realmem.py $(ARGS)
 
 ## Calor beside ChromaDB on the same texts and embeddings, and its index at 1M vectors.
 bench-peers: $(BENCH_STAMP)

@@ -34,7 +34,11 @@ def _dcg(gains: Sequence[int], k: int) -> float:
     return top[0] + sum(g / math.log2(rank) for rank, g in enumerate(top[1:], start=2))
 
 
-def _scores(ranking: Sequence[int], gold: frozenset[int], corpus_size: int) -> dict[str, float]:
+def metrics_at_k(
+    ranking: Sequence[int], gold: frozenset[int], corpus_size: int
+) -> dict[str, float]:
+    """``recall_any@k``, ``recall_all@k`` and ``ndcg_any@k`` (k in :data:`KS`) of one
+    ranking of items against the ``gold`` items, out of ``corpus_size`` items in all."""
     out: dict[str, float] = {}
     gains = [1 if item in gold else 0 for item in ranking]
     ideal = [1] * min(len(gold), corpus_size)
@@ -58,11 +62,11 @@ def score(question: Question, ranking: Sequence[int]) -> dict[str, float]:
     """Every metric for one question, from a ranking of its turn indices, best first."""
     out = {
         f"turn/{name}": value
-        for name, value in _scores(ranking, question.gold_turns, len(question.turns)).items()
+        for name, value in metrics_at_k(ranking, question.gold_turns, len(question.turns)).items()
     }
     sessions = sessions_of(question, ranking)
     session_count = len({turn.session for turn in question.turns})
-    for name, value in _scores(sessions, question.gold_sessions, session_count).items():
+    for name, value in metrics_at_k(sessions, question.gold_sessions, session_count).items():
         out[f"session/{name}"] = value
     return out
 
