@@ -9,7 +9,6 @@ changed text, role label or model never reads a stale file.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realmem_data import Persona  # noqa: E402
-from vectors import CACHE  # noqa: E402
+from vectors import CACHE, load_or_make, model_folder  # noqa: E402
 
 from calor.models.embedder import OnnxEmbedder  # noqa: E402
 
@@ -35,8 +34,7 @@ class PersonaVectors:
 
     def __init__(self, embedder: OnnxEmbedder, root: Path = CACHE) -> None:
         self.embedder = embedder
-        self.folder = root / embedder.model_id.replace(":", "-")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = model_folder(embedder, root)
         self.embedded_texts = 0
         self.embed_seconds = 0.0
 
@@ -49,15 +47,7 @@ class PersonaVectors:
     def get(self, persona: Persona, progress: bool = False) -> tuple[F32, F32]:
         """``(turn vectors [turns, dim], query vectors [queries, dim])``, embedding on
         a miss (``progress`` prints how far it got)."""
-        path = self.path(persona)
-        if path.is_file():
-            matrix: F32 = np.load(path)
-        else:
-            matrix = self._embed(persona, progress)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            with partial.open("wb") as f:
-                np.save(f, matrix)
-            partial.replace(path)
+        matrix = load_or_make(self.path(persona), lambda: self._embed(persona, progress))
         split = len(persona.turns)
         return matrix[:split], matrix[split:]
 

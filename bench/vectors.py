@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +36,33 @@ CACHE = longmemeval.REPO / "bench" / ".cache" / "vectors"
 F32 = npt.NDArray[np.float32]
 
 
+def model_folder(embedder: OnnxEmbedder, root: Path = CACHE) -> Path:
+    """The cache folder of ``embedder``'s vectors (made if missing)."""
+    folder = root / embedder.model_id.replace(":", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def load_or_make(path: Path, make: Callable[[], F32]) -> F32:
+    """The matrix cached at ``path``, or ``make()``'s, written there first (atomically:
+    a run cut short leaves no partial file under the name)."""
+    if path.is_file():
+        cached: F32 = np.load(path)
+        return cached
+    matrix = make()
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    with partial.open("wb") as f:
+        np.save(f, matrix)
+    partial.replace(path)
+    return matrix
+
+
 class VectorCache:
     """Turn and question vectors per LongMemEval question, computed once."""
 
     def __init__(self, embedder: OnnxEmbedder, root: Path = CACHE) -> None:
         self.embedder = embedder
-        self.folder = root / embedder.model_id.replace(":", "-")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = model_folder(embedder, root)
         self.embedded_texts = 0
         self.embed_seconds = 0.0
 
@@ -54,20 +74,16 @@ class VectorCache:
 
     def get(self, question: Question) -> tuple[F32, F32]:
         """``(turn vectors [n, dim], question vector [dim])``, embedding on a miss."""
-        path = self.path(question)
-        if path.is_file():
-            matrix: F32 = np.load(path)
-        else:
+
+        def embed() -> F32:
             started = time.perf_counter()
             turns = self.embedder.embed_passages([turn.text for turn in question.turns])
             query = self.embedder.embed_query(question.text)
             self.embed_seconds += time.perf_counter() - started
             self.embedded_texts += len(question.turns) + 1
-            matrix = np.vstack([turns, query[None, :]]).astype(np.float32)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            with partial.open("wb") as f:
-                np.save(f, matrix)
-            partial.replace(path)
+            return np.vstack([turns, query[None, :]]).astype(np.float32)
+
+        matrix = load_or_make(self.path(question), embed)
         return matrix[:-1], matrix[-1]
 
 

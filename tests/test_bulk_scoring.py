@@ -98,7 +98,7 @@ def ranked(hits: list[Hit]) -> list[Hit]:
 
 
 def rank(index, records, policy, query, vector, window, clocks, top=None, bulk=True):  # type: ignore[no-untyped-def]
-    return rank_channel(index, records, policy, query, vector, window, clocks, True, top, bulk)
+    return rank_channel((index,), records, policy, query, vector, window, clocks, True, top, bulk)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -148,34 +148,38 @@ def test_bulk_scores_equal_the_per_record_formula(specs, spec, seed) -> None:  #
 
 def test_a_changed_record_is_scored_with_its_new_heat() -> None:
     """The columns follow the record: after a put, recall sees the new heat at once."""
-    index, records = build(
-        [
-            {
-                "memory_type": "fact",
-                "source": "human",
-                "state": ACTIVE,
-                "heat0": 0.2,
-                "age_days": 0.0,
-                "stability": 1.0,
-                "utility": 0.5,
-                "keystone": False,
-                "superseded": False,
-                "interactions0": 0,
-                "words": ["oslo"],
-            }
-        ],
-        seed=3,
-    )
+    oslo = {
+        "memory_type": "fact",
+        "source": "human",
+        "state": ACTIVE,
+        "heat0": 0.2,
+        "age_days": 0.0,
+        "stability": 1.0,
+        "utility": 0.5,
+        "keystone": False,
+        "superseded": False,
+        "interactions0": 0,
+        "words": ["oslo"],
+    }
+    # A second candidate, so that the recall has a spread of relevance for heat to act in.
+    index, records = build([oslo, {**oslo, "words": ["bergen"]}], seed=3)
     policy, clocks = ChannelPolicy(), Clocks(NOW)
     query = RecallQuery(channel="c", query="oslo", peek=True)
     vector = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
-    (before,) = rank(index, records, policy, query, vector, None, clocks)
+
+    def ranked_first() -> Hit:
+        hits = rank(index, records, policy, query, vector, None, clocks)
+        return next(h for h in hits if h.record.id == "m000")
+
+    before = ranked_first()
     hotter = replace(records["m000"], heat0=0.9)
     records["m000"] = hotter
     index.refresh(hotter)
-    (after,) = rank(index, records, policy, query, vector, None, clocks)
+    after = ranked_first()
     assert after.heat == pytest.approx(0.9)
-    assert after.score - before.score == pytest.approx(policy.weights.heat * 0.7)
+    assert after.spread == pytest.approx(before.spread)
+    assert after.spread > 0.0
+    assert after.score - before.score == pytest.approx(policy.weights.heat * 0.7 * after.spread)
 
 
 GRID_AGES = [0.0, 0.3, 2.0, 9.0, 15.0, 25.0, 60.0, 200.0, 400.0]

@@ -28,6 +28,7 @@ def test_public_surface() -> None:
         "FUNCTION_WORDS",
         "LexicalIndex",
         "Match",
+        "idf",
         "keyword_overlap",
         "tokenize",
     ]

@@ -27,10 +27,17 @@ def test_store_then_recall_finds_the_memory(memories: MemoryServiceStub, channel
     # unbounded repeats would reach. The other memory shares no word with the query.
     assert 0.3 < top.lexical < 1.0
     assert reply.hits[1].lexical == 0.0
-    relevance = top.similarity + 0.30 * top.lexical
+    # Its words lift it: their share of relevance is weight_lexical times how far they
+    # can be trusted here, at most all of it.
+    assert 0.0 < top.lexical_weight <= 1.0
+    assert top.relevance > reply.hits[1].relevance
     agent_trust = 0.30 * 0.7
     assert top.score == pytest.approx(
-        0.70 * relevance + 0.30 * top.heat + 0.15 * top.keyword + top.temporal + 0.10 + agent_trust
+        0.70 * top.relevance
+        + (0.30 * top.heat + 0.15 * top.keyword) * top.spread
+        + top.temporal
+        + 0.10
+        + agent_trust
     )
 
 

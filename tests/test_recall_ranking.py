@@ -57,11 +57,22 @@ def test_a_rare_name_in_the_query_lifts_the_memory_that_holds_it(
 
     assert by_words.hits[0].memory.text == named
     assert by_words.hits[0].lexical > max(h.lexical for h in by_words.hits[1:]) > 0.0
+    top = by_words.hits[0]
+    assert 0.0 < top.lexical_weight <= 1.0  # the rare name is trusted
+    assert top.relevance > top.similarity  # and lifts the memory that holds it
     for hit in by_words.hits:  # the same memories, scored with and without their words
-        assert hit.lexical == pytest.approx(by_meaning[hit.memory.text].lexical)
-        gained = hit.score - by_meaning[hit.memory.text].score
-        # abs: the two channels' memories were stored moments apart, on the wall clock
-        assert gained == pytest.approx(0.70 * 1.0 * hit.lexical, abs=1e-4)
+        without = by_meaning[hit.memory.text]
+        assert hit.lexical == pytest.approx(without.lexical)
+        assert hit.similarity == pytest.approx(without.similarity)
+        assert (without.lexical_weight, without.relevance) == (0.0, without.similarity)
+        for shown in (hit, without):  # the score is its parts, as the hit reports them
+            assert shown.score == pytest.approx(
+                0.70 * shown.relevance
+                + (0.30 * shown.heat + 0.15 * shown.keyword) * shown.spread
+                + shown.temporal
+                + shown.channel_bonus
+                + shown.source
+            )
 
 
 def test_what_a_person_said_outranks_the_agent_saying_the_same(
@@ -112,3 +123,6 @@ def test_words_weigh_the_same_in_the_attic_as_in_the_live_index(
     ), "one copy live, one in the attic"
     assert same[0].lexical > 0.0
     assert same[0].lexical == pytest.approx(same[1].lexical)
+    # Meaning and words are fused over both indexes' candidates at once.
+    assert same[0].relevance == pytest.approx(same[1].relevance)
+    assert same[0].lexical_weight == same[1].lexical_weight > 0.0

@@ -377,7 +377,7 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
             similarity=0.1,
             heat=0.2,
             keyword=0.3,
-            lexical=0.4,
+            lexical=0.45,
             source=0.5,
             temporal=0.6,
             own_channel=0.7,

@@ -532,8 +532,10 @@ class ChannelSettings(_message.Message):
     default_importance: _builtins.float
     """Importance (0..1) of a memory stored without one, before source trust."""
     weight_lexical: _builtins.float
-    """Weight of a memory's BM25 score (as a fraction of the best score any memory could
-    reach for the query) in its relevance, beside its cosine similarity.
+    """How far words (BM25) weigh in relevance beside meaning (the cosine): a recall's
+    words take weight_lexical times how far its query's words can be trusted in the
+    channel (0..2: how rare they are, and how sharply the word ranking separates its
+    best candidate) of relevance, at most all of it. Default 0.40.
     """
     weight_source: _builtins.float
     """Weight of a memory's source trust (human 1.0, agent 0.7, extracted 0.7, ingest 0.5)."""

@@ -339,6 +339,9 @@ class RecallHit(_message.Message):
     CHANNEL_BONUS_FIELD_NUMBER: _builtins.int
     LEXICAL_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    LEXICAL_WEIGHT_FIELD_NUMBER: _builtins.int
+    SPREAD_FIELD_NUMBER: _builtins.int
+    RELEVANCE_FIELD_NUMBER: _builtins.int
     score: _builtins.float
     similarity: _builtins.float
     keyword: _builtins.float
@@ -352,6 +355,15 @@ class RecallHit(_message.Message):
     """BM25 score as a fraction of the best score any memory could reach for the query (0..1)."""
     source: _builtins.float
     """weight_source times the memory's source trust, as added to the score."""
+    lexical_weight: _builtins.float
+    """The weights this recall used for its channel, beside the channel's settings: the
+    share of relevance the words had (0..1: weight_lexical times how far the query's
+    words could be trusted here), and the spread of relevance among the ten most
+    relevant candidates, which heat and keyword overlap were scaled by.
+    """
+    spread: _builtins.float
+    relevance: _builtins.float
+    """Meaning and words mixed, on the cosine's scale: what weight_similarity multiplied."""
     @_builtins.property
     def memory(self) -> _memory_pb2.Memory: ...
     def __init__(
@@ -367,10 +379,13 @@ class RecallHit(_message.Message):
         channel_bonus: _builtins.float = ...,
         lexical: _builtins.float = ...,
         source: _builtins.float = ...,
+        lexical_weight: _builtins.float = ...,
+        spread: _builtins.float = ...,
+        relevance: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["band", b"band", "channel_bonus", b"channel_bonus", "heat", b"heat", "keyword", b"keyword", "lexical", b"lexical", "memory", b"memory", "score", b"score", "similarity", b"similarity", "source", b"source", "temporal", b"temporal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["band", b"band", "channel_bonus", b"channel_bonus", "heat", b"heat", "keyword", b"keyword", "lexical", b"lexical", "lexical_weight", b"lexical_weight", "memory", b"memory", "relevance", b"relevance", "score", b"score", "similarity", b"similarity", "source", b"source", "spread", b"spread", "temporal", b"temporal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -120,6 +120,9 @@ def hit_message(hit: Hit, memory: memory_pb2.Memory) -> memory_service_pb2.Recal
         channel_bonus=hit.channel_bonus,
         lexical=hit.lexical,
         source=hit.source,
+        lexical_weight=hit.lexical_weight,
+        spread=hit.spread,
+        relevance=hit.relevance,
     )
 
 

@@ -216,7 +216,7 @@ class ContextBuilder:
         lines = max(10, min(max_nodes, query.token_budget // _LINE_TOKENS))
         recall = RecallQuery(channel=channel.name, query=query.message, limit=10, peek=True)
         hits = rank_channel(
-            channel.index, channel.records, policy, recall, vector, None, clocks, True
+            (channel.index,), channel.records, policy, recall, vector, None, clocks, True
         )
         hits.sort(key=lambda h: (-h.score, h.record.id))
         evidence = {h.record.id: (h.similarity, h.keyword) for h in hits}
@@ -445,7 +445,18 @@ def _item(
         + trust
     )
     confidence = band(similarity, keyword, policy.bands)
-    hit = Hit(record, score, similarity, keyword, 0.0, heat, 0.0, source=trust, band=confidence)
+    hit = Hit(
+        record,
+        score,
+        similarity,
+        keyword,
+        0.0,
+        heat,
+        0.0,
+        source=trust,
+        band=confidence,
+        relevance=similarity,  # a context block weighs no words, and heat as it is
+    )
     return ContextItem(hit, signal)
 
 

@@ -9,10 +9,8 @@ work (listing, status, conflicts) are the registry's, as ``engine.channels``.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from functools import reduce
 from typing import Protocol
 
 import numpy as np
@@ -235,17 +233,18 @@ class MemoryEngine:
     ) -> list[Hit]:
         """The best ``limit`` hits of the channel's live index, and its attic when asked
         (their words weighed by what both hold, so that their scores compare)."""
-        policy, clocks = channel.policy, channel.clocks()
         indexes = (channel.index, channel.attic) if query.include_archived else (channel.index,)
-        corpus = reduce(operator.add, (i.lexical.corpus(query.query) for i in indexes))
-        records = channel.records
-        return [
-            h
-            for i in indexes
-            for h in rank_channel(
-                i, records, policy, query, vector, window, clocks, mine, limit, corpus=corpus
-            )
-        ]
+        return rank_channel(
+            indexes,
+            channel.records,
+            channel.policy,
+            query,
+            vector,
+            window,
+            channel.clocks(),
+            mine,
+            limit,
+        )
 
     def _recalled(self, channel: Channel, hits: list[Hit], entry: RecallEntry) -> None:
         """Bump the relevant hits (:func:`heated`), spread their heat, warm the channel,

@@ -97,9 +97,11 @@ class LoggedHit:
         score: The score it was ranked by.
         band: Its confidence band.
         similarity: Cosine similarity to the query.
-        lexical: BM25 as a share of the best any memory could reach (0..1).
-        keyword: Share of the query's words it holds (0..1).
-        heat: The heat the ranking used.
+        lexical: What the words added to its relevance, per unit of ``weight_lexical``
+            (relevance = similarity + weight_lexical · lexical).
+        keyword: Share of the query's words it holds (0..1), times the recall's spread
+            of relevance (see :mod:`calor.server.recall.fusion`).
+        heat: The heat the ranking used, times the recall's spread likewise.
         temporal: Closeness to the time the query named (1 inside the window, fading to 0).
         source: The trust of its source (human 1.0, agent 0.7, ...).
     """
@@ -231,13 +233,19 @@ class Scored(Protocol):
     def temporal(self) -> float: ...
     @property
     def source(self) -> float: ...
+    @property
+    def relevance(self) -> float: ...
+    @property
+    def spread(self) -> float: ...
 
 
 def logged_hit(
     hit: Scored, memory_id: str, memory_type: str, own: bool, weights: RecallWeights
 ) -> LoggedHit:
     """A hit of memory ``memory_id`` as the log keeps it; ``weights`` are those its
-    channel ranked with (temporal and source are logged unweighted)."""
+    channel ranked with. Each signal is what its weight multiplied in the score:
+    temporal and source unweighted, the words' share of relevance per unit of
+    ``weight_lexical``, heat and keyword overlap times the recall's spread."""
     return LoggedHit(
         memory_id=memory_id,
         memory_type=memory_type,
@@ -245,9 +253,9 @@ def logged_hit(
         score=hit.score,
         band=hit.band,
         similarity=hit.similarity,
-        lexical=hit.lexical,
-        keyword=hit.keyword,
-        heat=hit.heat,
+        lexical=_unweighted(hit.relevance - hit.similarity, weights.lexical),
+        keyword=hit.keyword * hit.spread,
+        heat=hit.heat * hit.spread,
         temporal=_unweighted(hit.temporal, weights.temporal),
         source=_unweighted(hit.source, weights.source),
     )

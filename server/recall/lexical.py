@@ -17,7 +17,15 @@ import numpy.typing as npt
 
 from calor.server.errors import InvalidArgumentError
 
-__all__ = ["Corpus", "FUNCTION_WORDS", "LexicalIndex", "Match", "keyword_overlap", "tokenize"]
+__all__ = [
+    "Corpus",
+    "FUNCTION_WORDS",
+    "LexicalIndex",
+    "Match",
+    "idf",
+    "keyword_overlap",
+    "tokenize",
+]
 
 _K1 = 1.2
 _INT = "i"  # postings, counts and term ids are packed as 32-bit ints
@@ -150,7 +158,7 @@ class Corpus:
         """The BM25 score no document can reach here: every query term some document
         holds, at unbounded frequency (summed most common first, then by term)."""
         held = sorted((-n, term) for term, n in self.df.items() if n > 0)
-        return sum(_idf(self.docs, -negative) * (_K1 + 1.0) for negative, _ in held)
+        return sum(idf(self.docs, -negative) * (_K1 + 1.0) for negative, _ in held)
 
     def __add__(self, other: Corpus) -> Corpus:
         terms = self.df.keys() | other.df.keys()
@@ -398,7 +406,7 @@ class LexicalIndex:
                 found.append((-corpus.df.get(term, 0), term, term_id))
         found.sort()
         return [
-            (term, term_id, _idf(corpus.docs, -negative_df) * (_K1 + 1.0))
+            (term, term_id, idf(corpus.docs, -negative_df) * (_K1 + 1.0))
             for negative_df, term, term_id in found
         ]
 
@@ -413,8 +421,9 @@ def _length_norm(corpus: Corpus) -> tuple[float, float]:
     return _K1 * (1.0 - _B), _K1 * _B * corpus.docs / corpus.total_len
 
 
-def _idf(docs: int, doc_freq: int) -> float:
-    """BM25 idf, ln(1 + (N − n + 0.5) / (n + 0.5)); always positive."""
+def idf(docs: int, doc_freq: int) -> float:
+    """The BM25 idf of a term that ``doc_freq`` of ``docs`` documents hold,
+    ln(1 + (N − n + 0.5) / (n + 0.5)); always positive."""
     return math.log(1.0 + (docs - doc_freq + 0.5) / (doc_freq + 0.5))
 
 

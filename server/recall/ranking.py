@@ -1,22 +1,27 @@
-"""Recall ranking: candidates from meaning and words, scored by similarity, heat and time.
+"""Recall ranking: candidates from meaning and words, scored by relevance, heat and time.
 
-score = w_sim·(similarity + w_lex·lexical) + w_heat·heat + w_kw·keyword_overlap
+score = w_sim·relevance + (w_heat·heat + w_kw·keyword_overlap)·spread
         + temporal_boost (≤ w_temporal, fading over the fade days)
         + w_own if the memory is in the caller's own channel
         + w_source·source_trust
         all × 0.5 for a memory a newer one superseded (or that was deprecated); such
         memories are left out unless the query names the states it wants
 
-``similarity`` is the cosine; ``lexical`` is the memory's BM25 score as a fraction of
-the best any memory could reach for the query. bench/README.md says what each adds.
+``relevance`` is the cosine mixed with the memory's BM25 score by how far the words can
+be trusted for this query, and ``spread`` how far apart the ten most relevant
+candidates are (:mod:`calor.server.recall.fusion`): heat and the query-word overlap
+reorder hits of close relevance. ``lexical`` (reported) is the BM25 score as a fraction
+of the best any memory could reach for the query. bench/README.md says what each adds.
 """
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import reduce
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +35,7 @@ from calor.server.recall.columns import (
     state_code,
     type_code,
 )
+from calor.server.recall.fusion import Fusion, fuse, specificity
 from calor.server.recall.index import ChannelIndex
 from calor.server.recall.lexical import Corpus, Match
 from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
@@ -57,7 +63,10 @@ _AGENT_FIRST = {**SOURCE_TRUST, "human": SOURCE_TRUST["agent"], "agent": SOURCE_
 
 @dataclass
 class Hit:
-    """One ranked memory, the parts of its score, and its confidence band (:func:`band`)."""
+    """One ranked memory, the parts of its score and its confidence band (:func:`band`):
+    ``relevance`` is meaning and words mixed, words weighing ``lexical_weight`` of it,
+    and heat and keyword overlap were scaled by ``spread`` (see
+    :mod:`calor.server.recall.fusion`)."""
 
     record: MemoryRecord
     score: float
@@ -69,6 +78,9 @@ class Hit:
     lexical: float = 0.0
     source: float = 0.0
     band: str = "low"
+    relevance: float = 0.0
+    lexical_weight: float = 0.0
+    spread: float = 1.0
 
 
 def band(similarity: float, keyword: float, bands: ConfidenceBands) -> str:
@@ -129,7 +141,7 @@ _SUPERSEDED = 0.5
 
 
 def rank_channel(
-    index: ChannelIndex,
+    indexes: Sequence[ChannelIndex],
     records: Mapping[str, MemoryRecord],
     policy: ChannelPolicy,
     query: RecallQuery,
@@ -139,24 +151,84 @@ def rank_channel(
     own: bool,
     top: int | None = None,
     bulk: bool = True,
-    corpus: Corpus | None = None,
 ) -> list[Hit]:
-    """Score one index's candidates for the query; unsorted, filters applied.
+    """Score the candidates of a channel's indexes (its live index, and its attic when
+    the query asks) for the query; unsorted, filters applied.
 
+    The indexes are searched together: their words weighed by what they all hold, and
+    meaning and words fused over all their candidates, so that their scores compare.
     Each hit carries the record as it stands now (promotions and state changes
-    applied, not yet persisted). ``top``: only the best ``top`` hits (by score, then
-    id) are returned; None returns every candidate that passes. Candidates are scored
-    in bulk from the index's columns; ``bulk=False`` scores each from its record with
-    the same formula (what the bulk path is checked against), as the few the columns
-    do not cover always are. ``corpus``: the word statistics of every index the recall
-    searches beside this one, so that their words weigh the same (this index's own if
-    None).
+    applied, not yet persisted). ``top``: only the best ``top`` hits of each index (by
+    score, then id) are returned; None returns every candidate that passes. Candidates
+    are scored in bulk from the index's columns; ``bulk=False`` scores each from its
+    record with the same formula (what the bulk path is checked against), as the few the
+    columns do not cover always are.
     """
-    words = index.lexical.match(query.query, corpus)
-    similarity, lexical = _candidates(index, words, query_vector, candidate_pool(query))
+    corpus = reduce(operator.add, (i.lexical.corpus(query.query) for i in indexes))
+    pool = candidate_pool(query)
+    found = [_Candidates.of(i, query.query, corpus, query_vector, pool) for i in indexes]
+    fusion = fuse(
+        (s for c in found for s in c.similarity.values()),
+        (lexical for c in found for lexical in c.lexical.values()),
+        specificity(corpus, query.query),
+        policy.weights.lexical,
+    )
+    hits: list[Hit] = []
+    for candidates in found:
+        hits += _rank_index(
+            candidates, fusion, records, policy, query, window, clocks, own, top, bulk
+        )
+    return hits
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """One index's candidates for a query: the union of the nearest memories by meaning
+    and by words, with each one's cosine and how fully it matches the query's words (its
+    BM25 score as a fraction of the best score any document could reach)."""
+
+    index: ChannelIndex
+    words: Match
+    similarity: dict[int, float]
+    lexical: dict[int, float]
+
+    @classmethod
+    def of(
+        cls, index: ChannelIndex, query: str, corpus: Corpus, vector: np.ndarray, pool: int
+    ) -> _Candidates:
+        """The ``pool`` nearest memories of ``index`` by meaning and by words."""
+        words = index.lexical.match(query, corpus)
+        labels, sims = index.dense(vector, pool)
+        similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
+        by_words, _ = words.top(pool)
+        lexical_only = [label for label in by_words.tolist() if label not in similarity]
+        if lexical_only:
+            extra = index.similarities(vector, lexical_only)
+            similarity.update(zip(lexical_only, extra.tolist(), strict=True))
+        listed = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
+        share = words.scores(listed) / words.ceiling if words.ceiling > 0 else np.zeros(listed.size)
+        return cls(
+            index, words, similarity, dict(zip(listed.tolist(), share.tolist(), strict=True))
+        )
+
+
+def _rank_index(
+    candidates: _Candidates,
+    fusion: Fusion,
+    records: Mapping[str, MemoryRecord],
+    policy: ChannelPolicy,
+    query: RecallQuery,
+    window: TimeWindow | None,
+    clocks: Clocks,
+    own: bool,
+    top: int | None,
+    bulk: bool,
+) -> list[Hit]:
+    """The hits of one index's candidates (see :func:`rank_channel`)."""
+    similarity, lexical, index = candidates.similarity, candidates.lexical, candidates.index
     if not similarity:
         return []
-    scoring = _Scoring(query, policy, window, clocks, own, words)
+    scoring = _Scoring(query, policy, window, clocks, own, candidates.words, fusion)
     labels = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
     batch = index.columns.batch(labels)
     by_record = needs_record(batch) | (not bulk) | bool(query.tags)
@@ -186,9 +258,10 @@ class _Scoring:
         clocks: Clocks,
         own: bool,
         words: Match,
+        fusion: Fusion,
     ) -> None:
         self.query, self.policy, self.window, self.clocks = query, policy, window, clocks
-        self.words = words
+        self.words, self.fusion = words, fusion
         self.weights = policy.weights
         self.trust_of = _AGENT_FIRST if _ASKS_FOR_AGENT_WORDS.search(query.query) else SOURCE_TRUST
         self.bonus = self.weights.own_channel if own else 0.0
@@ -216,12 +289,11 @@ class _Scoring:
                 weights.temporal,
                 weights.temporal_fade_days,
             )
-        relevance = sim + weights.lexical * words
+        relevance = self.fusion.relevance(sim, words)
         trust = weights.source * self.trust_of.get(record.source, SOURCE_TRUST["agent"])
         score = (
             weights.similarity * relevance
-            + weights.heat * heat
-            + weights.keyword * keyword
+            + (weights.heat * heat + weights.keyword * keyword) * self.fusion.spread
             + boost
             + self.bonus
             + trust
@@ -231,7 +303,21 @@ class _Scoring:
         confidence = band(sim, keyword, policy.bands)
         if not reaches(confidence, query.min_band):
             return None
-        return Hit(record, score, sim, keyword, boost, heat, self.bonus, words, trust, confidence)
+        return Hit(
+            record,
+            score,
+            sim,
+            keyword,
+            boost,
+            heat,
+            self.bonus,
+            words,
+            trust,
+            confidence,
+            relevance,
+            self.fusion.lexical_weight,
+            self.fusion.spread,
+        )
 
     def bulk(
         self,
@@ -256,10 +342,10 @@ class _Scoring:
         keep = self._passes(batch, heat, state)
         boost = self._boosts(batch.created_at)
         trust = weights.source * self._trust[batch.source]
+        relevance = self.fusion.relevance(sims, words)
         score = (
-            weights.similarity * (sims + weights.lexical * words)
-            + weights.heat * heat
-            + weights.keyword * keyword
+            weights.similarity * relevance
+            + (weights.heat * heat + weights.keyword * keyword) * self.fusion.spread
             + boost
             + self.bonus
             + trust
@@ -287,6 +373,9 @@ class _Scoring:
                     float(words[row]),
                     float(trust[row]),
                     BANDS[int(bands[row])],
+                    float(relevance[row]),
+                    self.fusion.lexical_weight,
+                    self.fusion.spread,
                 )
             )
         return hits
@@ -339,21 +428,3 @@ class _Scoring:
         return np.where(
             sims >= bands.high, BANDS.index("high"), np.where(mid, BANDS.index("mid"), 0)
         )
-
-
-def _candidates(
-    index: ChannelIndex, words: Match, query_vector: np.ndarray, pool: int
-) -> tuple[dict[int, float], dict[int, float]]:
-    """The union of the ``pool`` nearest memories by meaning and by words, with each
-    candidate's cosine and how fully it matches the query's words: its BM25 score as a
-    fraction of the best score any document could reach for this query."""
-    labels, sims = index.dense(query_vector, pool)
-    similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
-    by_words, _ = words.top(pool)
-    lexical_only = [label for label in by_words.tolist() if label not in similarity]
-    if lexical_only:
-        extra = index.similarities(query_vector, lexical_only)
-        similarity.update(zip(lexical_only, extra.tolist(), strict=True))
-    listed = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
-    share = words.scores(listed) / words.ceiling if words.ceiling > 0 else np.zeros(listed.size)
-    return similarity, dict(zip(listed.tolist(), share.tolist(), strict=True))

@@ -33,7 +33,7 @@ class RecallWeights:
     similarity: float = 0.70
     heat: float = 0.30
     keyword: float = 0.15
-    lexical: float = 0.30
+    lexical: float = 0.40
     source: float = 0.30
     temporal: float = 0.40
     own_channel: float = 0.10

@@ -1,0 +1,125 @@
+"""Meaning and words fused per query, and heat that reorders only hits of close relevance:
+the fusion's rules on numbers, and what a recall through the real server shows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from calor.server.clock import ManualClock
+from calor.server.recall.fusion import NO_FUSION, fuse, specificity
+from calor.server.recall.lexical import Corpus
+from calor.v1 import memory_service_pb2 as pb
+from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
+from tests.helpers import DAY, EPISODIC, FACT, store
+
+
+def test_without_a_candidate_that_holds_a_query_word_meaning_alone_decides() -> None:
+    fusion = fuse([0.8, 0.6, 0.5], [0.0, 0.0, 0.0], specific=0.9, weight=0.4)
+    assert fusion.lexical_weight == 0.0
+    assert fusion.relevance(0.6, 0.0) == pytest.approx(0.6)
+    assert fusion.spread == pytest.approx(0.3)  # the best relevance less the third
+    assert fuse([0.7, 0.7], [0.0, 0.0], 0.5, 0.4).spread > 0.0  # heat breaks a tie of all
+
+
+def test_no_candidates_fuse_to_nothing() -> None:
+    assert fuse([], [], specific=1.0, weight=0.4) == NO_FUSION
+
+
+def test_a_sharp_word_ranking_is_trusted_more_than_a_flat_one() -> None:
+    rng = np.random.default_rng(7)
+    cosines = rng.uniform(0.55, 0.65, size=60)
+    flat = rng.uniform(0.2, 0.3, size=60)
+    sharp = flat.copy()
+    sharp[0] = 0.95  # one memory holds the query's words far better than the rest
+    flat_fusion = fuse(cosines, flat, specific=0.5, weight=0.4)
+    sharp_fusion = fuse(cosines, sharp, specific=0.5, weight=0.4)
+    assert sharp_fusion.lexical_weight > flat_fusion.lexical_weight > 0.0
+    # On the cosine's scale, the sharp word match lifts its memory above every other.
+    relevance = sharp_fusion.relevance(cosines, sharp)
+    assert int(np.argmax(relevance)) == 0
+
+
+def test_the_weight_scales_the_words_share_up_to_all_of_it() -> None:
+    cosines, words = [0.9, 0.5, 0.4], [0.1, 0.9, 0.2]
+    assert fuse(cosines, words, 0.5, weight=0.0).lexical_weight == 0.0
+    assert fuse(cosines, words, 0.5, weight=100.0).lexical_weight == 1.0
+    everything = fuse(cosines, words, 0.5, weight=100.0)
+    # All words: the ranking is the word ranking, on the cosine's scale.
+    assert np.argsort(-everything.relevance(np.array(cosines), np.array(words))).tolist() == [
+        1,
+        2,
+        0,
+    ]
+
+
+def test_rare_words_are_more_specific_than_common_ones() -> None:
+    corpus = Corpus(docs=1000, total_len=10_000, df={"zanzibar": 1, "the": 990, "office": 400})
+    assert specificity(corpus, "zanzibar") == pytest.approx(1.0)
+    assert specificity(corpus, "zanzibar office") > specificity(corpus, "office") > 0.0
+    assert specificity(corpus, "nothing it holds") == 0.0
+
+
+@pytest.fixture
+def manual(start_server) -> Iterator[tuple[ManualClock, MemoryServiceStub]]:  # type: ignore[no-untyped-def]
+    clock = ManualClock(1_800_000_000.0)
+    server = start_server(clock=clock)
+    with grpc.insecure_channel(server.target) as channel:
+        yield clock, MemoryServiceStub(channel)
+
+
+def test_an_old_memory_that_answers_is_not_buried_under_a_hot_one_that_does_not(
+    manual: tuple[ManualClock, MemoryServiceStub],
+) -> None:
+    clock, stub = manual
+    channel = "old-answer"
+    answer = store(
+        stub,
+        channel,
+        "The boiler's service contract is with Nordheat, renewed each March.",
+        memory_type=EPISODIC,
+    )
+    clock.advance(40 * DAY)  # the answer has gone cold
+    chatter = [  # about the boiler too, but none says who the contract is with
+        "The boiler makes a clicking noise in the morning.",
+        "We should get the boiler checked before winter.",
+        "The plumber fixed the kitchen tap in May.",
+    ]
+    hot = [store(stub, channel, text, memory_type=FACT) for text in chatter]
+    for memory in hot:  # recalled and boosted: as hot as memories get
+        stub.Boost(pb.BoostRequest(channel=channel, id=memory.id, delta=1.0))
+    hits = stub.Recall(
+        pb.RecallRequest(
+            channel=channel,
+            query="Who is the boiler service contract with?",
+            peek=True,
+            include_archived=True,  # where the answer went: cold storage
+        )
+    ).hits
+    assert hits[0].memory.id == answer.id
+    assert hits[0].heat < min(h.heat for h in hits[1:])
+    assert hits[0].spread > 0.0
+    # Heat added as it was before fusion (0.30 x heat, whatever the relevance) would
+    # have put a hot memory first.
+    unscaled = [h.score - 0.30 * h.heat * h.spread + 0.30 * h.heat for h in hits]
+    assert max(unscaled[1:]) > unscaled[0]
+
+
+def test_heat_still_breaks_a_tie_of_relevance(
+    manual: tuple[ManualClock, MemoryServiceStub],
+) -> None:
+    clock, stub = manual
+    channel = "tie"
+    text = "The spare bike lock code is written on the garage calendar."
+    first, second = (store(stub, channel, text, memory_type=FACT) for _ in range(2))
+    store(stub, channel, "The garage door opener needs new batteries.", memory_type=FACT)
+    clock.advance(30 * DAY)
+    stub.Boost(pb.BoostRequest(channel=channel, id=second.id, delta=1.0))
+    hits = stub.Recall(
+        pb.RecallRequest(channel=channel, query="where is the bike lock code?", peek=True)
+    ).hits
+    assert [h.memory.id for h in hits[:2]] == [second.id, first.id]
+    assert hits[0].relevance == pytest.approx(hits[1].relevance)
