@@ -18,15 +18,16 @@ from tests.helpers import DAY, EPISODIC, FACT, store
 
 
 def test_without_a_candidate_that_holds_a_query_word_meaning_alone_decides() -> None:
-    fusion = fuse([0.8, 0.6, 0.5], [0.0, 0.0, 0.0], specific=0.9, weight=0.4)
+    fusion = fuse(np.array([0.8, 0.6, 0.5]), np.zeros(3), specific=0.9, weight=0.4)
     assert fusion.lexical_weight == 0.0
     assert fusion.relevance(0.6, 0.0) == pytest.approx(0.6)
     assert fusion.spread == pytest.approx(0.3)  # the best relevance less the third
-    assert fuse([0.7, 0.7], [0.0, 0.0], 0.5, 0.4).spread > 0.0  # heat breaks a tie of all
+    tie = fuse(np.array([0.7, 0.7]), np.zeros(2), 0.5, 0.4)
+    assert tie.spread > 0.0  # heat breaks even a tie of every candidate
 
 
 def test_no_candidates_fuse_to_nothing() -> None:
-    assert fuse([], [], specific=1.0, weight=0.4) == NO_FUSION
+    assert fuse(np.zeros(0), np.zeros(0), specific=1.0, weight=0.4) == NO_FUSION
 
 
 def test_a_sharp_word_ranking_is_trusted_more_than_a_flat_one() -> None:
@@ -44,12 +45,12 @@ def test_a_sharp_word_ranking_is_trusted_more_than_a_flat_one() -> None:
 
 
 def test_the_weight_scales_the_words_share_up_to_all_of_it() -> None:
-    cosines, words = [0.9, 0.5, 0.4], [0.1, 0.9, 0.2]
+    cosines, words = np.array([0.9, 0.5, 0.4]), np.array([0.1, 0.9, 0.2])
     assert fuse(cosines, words, 0.5, weight=0.0).lexical_weight == 0.0
     assert fuse(cosines, words, 0.5, weight=100.0).lexical_weight == 1.0
     everything = fuse(cosines, words, 0.5, weight=100.0)
     # All words: the ranking is the word ranking, on the cosine's scale.
-    assert np.argsort(-everything.relevance(np.array(cosines), np.array(words))).tolist() == [
+    assert np.argsort(-everything.relevance(cosines, words)).tolist() == [
         1,
         2,
         0,

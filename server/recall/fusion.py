@@ -25,7 +25,6 @@ the channel's word statistics, and the candidates' own scores.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import overload
 
@@ -99,13 +98,9 @@ def specificity(corpus: Corpus, query: str) -> float:
     return min(1.0, sum(idfs) / len(idfs) / most) if most > 0 else 0.0
 
 
-def fuse(
-    similarity: Iterable[float], lexical: Iterable[float], specific: float, weight: float
-) -> Fusion:
+def fuse(dense: _F64, words: _F64, specific: float, weight: float) -> Fusion:
     """The fusion of one recall's candidates: their cosines and lexical scores (in the
     same order), the query's :func:`specificity` and the channel's ``weight_lexical``."""
-    dense = np.fromiter(similarity, dtype=np.float64)
-    words = np.fromiter(lexical, dtype=np.float64)
     if dense.size == 0:
         return NO_FUSION
     dense_scale, lexical_scale = float(dense.std()), float(words.std())
@@ -124,16 +119,22 @@ def fuse(
         lexical_scale=lexical_scale,
         spread=0.0,
     )
-    relevance = np.sort(fusion.relevance(dense, words))[::-1]
-    spread = max(_TIES, float(relevance[0] - relevance[min(_SPREAD, relevance.size) - 1]))
-    return replace(fusion, spread=spread)
+    best = _best(fusion.relevance(dense, words), _SPREAD)
+    return replace(fusion, spread=max(_TIES, float(best[0] - best[-1])))
 
 
 def _lead(scores: _F64) -> float:
     """How far a ranking's best candidate leads its next nine, in standard deviations of
     its best fifty (0 when they are all alike)."""
-    best = np.sort(scores)[::-1]
-    scale = float(best[:_SCALE].std())
+    best = _best(scores, _SCALE)
+    scale = float(best.std())
     if scale <= 0.0:
         return 0.0
     return float(best[0] - best[:_LEAD].mean()) / scale
+
+
+def _best(scores: _F64, count: int) -> _F64:
+    """The ``count`` highest scores (all, if fewer), highest first."""
+    if scores.size > count:
+        scores = np.partition(scores, scores.size - count)[scores.size - count :]
+    return np.sort(scores)[::-1]

@@ -168,8 +168,8 @@ def rank_channel(
     pool = candidate_pool(query)
     found = [_Candidates.of(i, query.query, corpus, query_vector, pool) for i in indexes]
     fusion = fuse(
-        (s for c in found for s in c.similarity.values()),
-        (lexical for c in found for lexical in c.lexical.values()),
+        np.concatenate([c.cosines() for c in found]),
+        np.concatenate([c.shares() for c in found]),
         specificity(corpus, query.query),
         policy.weights.lexical,
     )
@@ -210,6 +210,14 @@ class _Candidates:
         return cls(
             index, words, similarity, dict(zip(listed.tolist(), share.tolist(), strict=True))
         )
+
+    def cosines(self) -> npt.NDArray[np.float64]:
+        """Every candidate's cosine."""
+        return np.fromiter(self.similarity.values(), np.float64, len(self.similarity))
+
+    def shares(self) -> npt.NDArray[np.float64]:
+        """Every candidate's lexical share, in the same order."""
+        return np.fromiter(self.lexical.values(), np.float64, len(self.lexical))
 
 
 def _rank_index(
