@@ -8,16 +8,20 @@ when it says the answer might not fit are the hits measured as the messages they
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from calor.server.api.convert import hit_message, memory_message
 from calor.server.engine.recall_log import ForeignHit
+from calor.server.errors import ResourceExhaustedError
 from calor.server.recall.ranking import Hit
 from calor.server.records import MemoryRecord
 
-__all__ = ["ANSWER_SLACK", "hits_that_fit"]
+__all__ = ["ANSWER_SLACK", "hits_that_fit", "messages_that_fit"]
+
+_M = TypeVar("_M", bound=Message)
 
 ANSWER_SLACK = 1024
 """Bytes of an answer kept for what is not its memories (a recall id, a time window, a
@@ -64,3 +68,25 @@ def hits_that_fit(hits: Sequence[Hit | ForeignHit], max_bytes: int) -> int:
         if used > budget:
             return count
     return len(hits)
+
+
+def messages_that_fit(messages: Iterable[_M], max_bytes: int) -> list[_M]:
+    """The first of ``messages`` that one answer of at most ``max_bytes`` carries as a
+    repeated field (a page: the rest is for its next page).
+
+    Raises:
+        ResourceExhaustedError: Not even the first fits.
+    """
+    budget, used = max_bytes - ANSWER_SLACK, 0
+    kept: list[_M] = []
+    for message in messages:
+        used += message.ByteSize() + _STRING_SLACK
+        if used > budget:
+            if not kept:
+                raise ResourceExhaustedError(
+                    "one memory alone is larger than one answer may be (the server's "
+                    "--max-message-bytes)"
+                )
+            break
+        kept.append(message)
+    return kept

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 
 from calor.server.api import caller
-from calor.server.api.answer_room import ANSWER_SLACK, hits_that_fit
+from calor.server.api.answer_room import hits_that_fit, messages_that_fit
 from calor.server.api.convert import (
     card_message,
     context_message,
@@ -40,7 +40,7 @@ from calor.server.embedding import BatchEmbedding
 from calor.server.engine.recall_log import ForeignHit
 from calor.server.engine.results import Current, Stored
 from calor.server.engine.share import shared_copy
-from calor.server.errors import CalorError, InvalidArgumentError, ResourceExhaustedError
+from calor.server.errors import CalorError, InvalidArgumentError
 from calor.server.recall.ranking import Hit
 from calor.server.storage.markdown import (
     MarkdownReader,
@@ -56,7 +56,6 @@ from calor.v1 import memory_service_pb2 as pb
 __all__ = ["MemoryServicer"]
 
 _EXPORT_PAGE = 200
-_FRAMING = 8  # a repeated message's tag and length, at most
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -207,20 +206,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         answer: its page token then continues after the last memory it carries."""
         query = self._rt.validator.list_query(request)
         page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
-        budget = self._rt.config.max_message_bytes - ANSWER_SLACK
-        memories: list[memory_pb2.Memory] = []
-        used = 0
-        for now in page:
-            memory = self._memory(now)
-            used += memory.ByteSize() + _FRAMING
-            if used > budget:
-                break
-            memories.append(memory)
-        if page and not memories:
-            raise ResourceExhaustedError(
-                f"memory {page[0].record.id} alone is larger than one answer may be (the "
-                "server's --max-message-bytes)"
-            )
+        messages = (self._memory(now) for now in page)
+        memories = messages_that_fit(messages, self._rt.config.max_message_bytes)
         truncated = len(memories) < len(page)
         if truncated:
             after = memories[-1].id
