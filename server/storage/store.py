@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,6 +57,7 @@ from calor.server.storage.keys import (
     Keys,
     split,
 )
+from calor.server.storage.lock import in_use
 from calor.server.storage.logged import EMPTY_ENTRY, LoggedBatch, WriteLog, replay
 from calor.server.storage.ops import (
     ChangeList,
@@ -94,49 +94,6 @@ def _write_refused(error: Exception) -> CalorError:
             "free space, then restart the server"
         )
     return StorageError(f"the store could not write ({message})")
-
-
-def _in_use(path: Path) -> str:
-    """Why the store in ``path`` cannot be opened: who holds its RocksDB lock."""
-    lock = path / "rocksdb" / "LOCK"
-    holder = _lock_holder(lock)
-    if holder == os.getpid():
-        who = "this process holds"
-    elif holder is not None:
-        who = f"process {holder} holds"
-    else:
-        who = "another process holds"
-    return (
-        f"the data directory {path} is in use: {who} its RocksDB lock ({lock}), and a "
-        "store is opened by one process at a time: stop that one (a running `calor "
-        "serve`?), or point --data-dir elsewhere"
-    )
-
-
-def _lock_holder(lock: Path) -> int | None:
-    """The process holding the POSIX lock on ``lock``, as ``/proc/locks`` names it
-    (RocksDB locks its LOCK file with ``fcntl``); None where that cannot be told."""
-    try:
-        found = os.stat(lock)
-        with open("/proc/locks", encoding="ascii") as locks:
-            lines = locks.read().splitlines()
-    except OSError:  # no such file, or no /proc (not Linux)
-        return None
-    # A line: "1: POSIX  ADVISORY  WRITE 3890 fe:00:2147198 0 EOF" (a waiter has "->").
-    where = (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 8 or fields[1] != "POSIX":
-            continue
-        try:
-            major, minor, inode = fields[5].split(":")
-            held = (int(major, 16), int(minor, 16), int(inode))
-            pid = int(fields[4])
-        except ValueError:  # a line of another shape: not the lock looked for
-            continue
-        if held == where and pid > 0:  # 0 or less: a holder outside our pid namespace
-            return pid
-    return None
 
 
 # A migration brings a store from the version before it to its own: (version, name, step).
@@ -255,7 +212,7 @@ class MemoryStore:
         except Exception as error:  # rocksdict raises a bare Exception: "IO error: … LOCK: …"
             if "/LOCK:" not in str(error):
                 raise
-            raise StoreInUseError(_in_use(path)) from error
+            raise StoreInUseError(in_use(path)) from error
         expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
         found = db.get(Keys.META)
         if found is None:
