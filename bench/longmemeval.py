@@ -23,12 +23,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import longreplies
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 SPLITS = {
     "oracle": DATA / "longmemeval_oracle.json",
     "s": DATA / "longmemeval_s_498.json.gz",
 }
+# Splits built here from a file split (``longreplies.py``): name → the split it reads.
+BUILT_SPLITS = {longreplies.NAME: "s"}
+SPLIT_NAMES = (*SPLITS, *BUILT_SPLITS)
 ABSTENTION_SUFFIX = "_abs"
 PROTOCOLS = ("metadata", "bare")
 EVIDENCE_PREFIX = "answer"
@@ -128,12 +133,14 @@ def _question(item: dict[str, Any]) -> Question:
 
 def load(split: str, limit: int | None = None) -> list[Question]:
     """The split's scored questions (abstention questions skipped), first ``limit`` of them."""
-    path = SPLITS[split]
+    path = SPLITS[BUILT_SPLITS.get(split, split)]
     if not path.is_file():
         raise SystemExit(f"LongMemEval {split!r} split not found at {path}")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         items: list[dict[str, Any]] = json.load(f)
+    if split == longreplies.NAME:
+        items = longreplies.build(items)
     return list(_scored(items, limit))
 
 

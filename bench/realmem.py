@@ -36,7 +36,7 @@ import realmem_data  # noqa: E402
 import realmem_score  # noqa: E402
 from realmem_data import Persona  # noqa: E402
 from realmem_vectors import PersonaVectors  # noqa: E402
-from tune import ABLATIONS, RECALL_LIMIT, policy_with  # noqa: E402
+from tune import ABLATIONS, RECALL_LIMIT, fusion_variant, policy_with  # noqa: E402
 
 from calor.models.embedder import OnnxEmbedder  # noqa: E402
 from calor.server.clock import ManualClock, SystemClock  # noqa: E402
@@ -146,7 +146,8 @@ def run(
         started = time.perf_counter()
         rows = scored.setdefault(name, [])
         for persona in personas:
-            ranked = calor_rankings(persona, cache, policy_with(settings), clock)
+            with fusion_variant(settings):
+                ranked = calor_rankings(persona, cache, policy_with(settings), clock)
             rows.extend(_scored(persona, ranked))
         timings[name] = time.perf_counter() - started
         _say(f"{name}: {timings[name]:.1f} s")

@@ -15,10 +15,15 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -32,19 +37,63 @@ from calor.models.embedder import OnnxEmbedder  # noqa: E402
 from calor.server.clock import SystemClock  # noqa: E402
 from calor.server.commands import NewMemory, RecallQuery  # noqa: E402
 from calor.server.engine.memory_engine import MemoryEngine  # noqa: E402
+from calor.server.recall import fusion, ranking  # noqa: E402
+from calor.server.recall.fusion import Fusion  # noqa: E402
 from calor.server.storage.store import MemoryStore  # noqa: E402
 from calor.server.thermo.policy import ChannelPolicy, RecallWeights  # noqa: E402
 
 RECALL_LIMIT = 50
+F64 = npt.NDArray[np.float64]
 
 
 def policy_with(settings: Sequence[str]) -> ChannelPolicy:
-    """The default policy with ``name=value`` recall weights overridden."""
+    """The default policy with ``name=value`` recall weights overridden (``fusion=…``
+    settings are :func:`fusion_variant`'s)."""
     weights = RecallWeights()
     for setting in settings:
         name, _, value = setting.partition("=")
+        if name == "fusion":
+            if value not in FUSION_VARIANTS:
+                raise SystemExit(
+                    f"unknown fusion variant {value!r}; one of {list(FUSION_VARIANTS)}"
+                )
+            continue
         weights = replace(weights, **{name: float(value)})
     return replace(ChannelPolicy(), weights=weights)
+
+
+def _fixed_lambda(dense: F64, words: F64, specific: float, weight: float) -> Fusion:
+    """The fusion with λ = ``weight_lexical`` for every query: no adapting to it."""
+    fixed = replace(
+        fusion.fuse(dense, words, specific, weight),
+        lexical_weight=weight if words.size and words.std() > 0.0 else 0.0,
+    )
+    best = np.sort(fixed.relevance(dense, words))[::-1][:10]
+    return replace(fixed, spread=max(1e-3, float(best[0] - best[-1])) if best.size else 0.0)
+
+
+def _absolute_heat(dense: F64, words: F64, specific: float, weight: float) -> Fusion:
+    """The fusion with heat and keyword overlap at their full weights, not scaled by the
+    spread of relevance (as before issue 33)."""
+    return replace(fusion.fuse(dense, words, specific, weight), spread=1.0)
+
+
+FUSION_VARIANTS: dict[str, Callable[[F64, F64, float, float], Fusion]] = {
+    "fixed-lambda": _fixed_lambda,
+    "absolute-heat": _absolute_heat,
+}
+
+
+@contextmanager
+def fusion_variant(settings: Sequence[str]) -> Iterator[None]:
+    """Runs the engine with the ``fusion=…`` variant among ``settings`` in place of its
+    own fusion (none: as shipped). For ablations only: the variants are not settings."""
+    chosen = [s.partition("=")[2] for s in settings if s.partition("=")[0] == "fusion"]
+    if not chosen:
+        yield
+        return
+    with mock.patch.object(ranking, "fuse", FUSION_VARIANTS[chosen[-1]]):
+        yield
 
 
 def calor_rankings(
@@ -105,6 +154,8 @@ ABLATIONS: dict[str, list[str]] = {
     "- keyword overlap": ["keyword=0"],
     "- temporal boost": ["temporal=0"],
     "- heat": ["heat=0"],
+    "- adaptive λ (fixed at weight_lexical)": ["fusion=fixed-lambda"],
+    "- heat among the relevant (absolute)": ["fusion=absolute-heat"],
     "cosine only": ["lexical=0", "source=0", "keyword=0", "temporal=0", "heat=0"],
 }
 TABLE_METRICS = (
@@ -129,7 +180,7 @@ def markdown(rows: dict[str, dict[str, float]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--split", choices=sorted(longmemeval.SPLITS), default="oracle")
+    parser.add_argument("--split", choices=longmemeval.SPLIT_NAMES, default="oracle")
     parser.add_argument("--questions", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], help="recall weight, name=value")
     parser.add_argument("--ablation", action="store_true", help="every piece off in turn")
@@ -142,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems: dict[str, list[list[int]]] = {}
     for name, settings in variants.items():
         started = time.perf_counter()
-        systems[name] = calor_rankings(questions, cache, policy_with(settings), args.protocol)
+        with fusion_variant(settings):
+            systems[name] = calor_rankings(questions, cache, policy_with(settings), args.protocol)
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     systems.update(baselines.rank_questions(questions, cache))
     report = {

@@ -124,3 +124,39 @@ def test_heat_still_breaks_a_tie_of_relevance(
     ).hits
     assert [h.memory.id for h in hits[:2]] == [second.id, first.id]
     assert hits[0].relevance == pytest.approx(hits[1].relevance)
+
+
+def test_the_best_hits_are_the_same_whatever_limit_is_asked(
+    manual: tuple[ManualClock, MemoryServiceStub],
+) -> None:
+    _, stub = manual
+    channel = "limits"
+    topics = ["invoice", "boiler", "garden", "passport", "router", "dentist", "car", "roof"]
+    texts = [
+        f"Note {n}: the {topics[n % 8]} {'and the ' + topics[(n * 3) % 8] if n % 3 else ''} "
+        f"came up on day {n} of the {['spring', 'summer', 'autumn'][n % 3]} plan."
+        for n in range(260)
+    ]
+    stored = stub.StoreStream(
+        (pb.StoreStreamRequest(store=pb.StoreRequest(channel=channel, text=t)) for t in texts),
+        timeout=120,
+    ).ids
+    assert len(stored) == 260
+
+    def best(limit: int) -> list[pb.RecallHit]:
+        hits = stub.Recall(
+            pb.RecallRequest(
+                channel=channel,
+                query="when did the router and the roof come up?",
+                limit=limit,
+                peek=True,
+            )
+        ).hits
+        return list(hits)
+
+    # More candidates than a small limit's pool: the fusion's statistics over them must
+    # not change with the limit, or neither would the order of the best hits.
+    ten = best(10)
+    for more in (best(40), best(50), best(100)):
+        assert [h.memory.id for h in more[:10]] == [h.memory.id for h in ten]
+        assert [h.score for h in more[:10]] == pytest.approx([h.score for h in ten], abs=1e-6)

@@ -6,7 +6,7 @@ candidate found by either is the same memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
 
 import faiss
@@ -133,9 +133,9 @@ class ChannelIndex:
         label = self._label_of.get(memory_id)
         return None if label is None else self.vectors.reconstruct(label)
 
-    def similarities(self, query: np.ndarray, labels: Iterable[int]) -> np.ndarray:
+    def similarities(self, query: np.ndarray, labels: npt.NDArray[np.int64]) -> np.ndarray:
         """Cosine of the query with each labelled memory's embedding."""
-        label_array = np.fromiter(labels, dtype=np.int64)
+        label_array = np.asarray(labels, dtype=np.int64)
         if label_array.size == 0:
             return np.empty(0, dtype=np.float32)
         matrix = self.vectors.reconstruct_batch(label_array)

@@ -114,10 +114,18 @@ def recall_window(query: RecallQuery, now: float) -> TimeWindow | None:
     return detect_window(query.query, datetime.fromtimestamp(as_of, UTC))
 
 
+# The fusion weighs words against meaning from statistics over the candidates: over
+# each list's best ``_REFERENCE`` (by meaning, by words) whatever the pool, so that a
+# recall's best hits do not change with how many were asked for, or with its filters.
+_REFERENCE = 200
+_POOL = _REFERENCE  # candidates per list of a recall without filters (at least)
+_FILTERED_POOL = 1000  # with filters, which may leave few of them
+
+
 def candidate_pool(query: RecallQuery) -> int:
     """How many candidates each index contributes: generous, more so under filters."""
     filtered = bool(query.memory_types or query.states or query.tags or query.min_heat)
-    return max(query.limit * 4, 1000 if filtered else 100)
+    return max(query.limit * 4, _FILTERED_POOL if filtered else _POOL)
 
 
 def _passes(record: MemoryRecord, heat: float, query: RecallQuery, policy: ChannelPolicy) -> bool:
@@ -168,8 +176,8 @@ def rank_channel(
     pool = candidate_pool(query)
     found = [_Candidates.of(i, query.query, corpus, query_vector, pool) for i in indexes]
     fusion = fuse(
-        np.concatenate([c.cosines() for c in found]),
-        np.concatenate([c.shares() for c in found]),
+        np.concatenate([c.cosines[c.reference] for c in found]),
+        np.concatenate([c.shares[c.reference] for c in found]),
         specificity(corpus, query.query),
         policy.weights.lexical,
     )
@@ -184,13 +192,17 @@ def rank_channel(
 @dataclass(frozen=True)
 class _Candidates:
     """One index's candidates for a query: the union of the nearest memories by meaning
-    and by words, with each one's cosine and how fully it matches the query's words (its
-    BM25 score as a fraction of the best score any document could reach)."""
+    and by words (``labels``), with each one's cosine (``cosines``) and how fully it
+    matches the query's words (``shares``: its BM25 score as a fraction of the best score
+    any document could reach), position by position."""
 
     index: ChannelIndex
     words: Match
-    similarity: dict[int, float]
-    lexical: dict[int, float]
+    labels: npt.NDArray[np.int64]
+    cosines: npt.NDArray[np.float64]
+    shares: npt.NDArray[np.float64]
+    reference: npt.NDArray[np.bool_]
+    """Among each list's best ``_REFERENCE``: the candidates the fusion is fitted to."""
 
     @classmethod
     def of(
@@ -199,25 +211,17 @@ class _Candidates:
         """The ``pool`` nearest memories of ``index`` by meaning and by words."""
         words = index.lexical.match(query, corpus)
         labels, sims = index.dense(vector, pool)
-        similarity: dict[int, float] = dict(zip(labels.tolist(), sims.tolist(), strict=True))
         by_words, _ = words.top(pool)
-        lexical_only = [label for label in by_words.tolist() if label not in similarity]
-        if lexical_only:
-            extra = index.similarities(vector, lexical_only)
-            similarity.update(zip(lexical_only, extra.tolist(), strict=True))
-        listed = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
-        share = words.scores(listed) / words.ceiling if words.ceiling > 0 else np.zeros(listed.size)
-        return cls(
-            index, words, similarity, dict(zip(listed.tolist(), share.tolist(), strict=True))
+        lexical_only = by_words[~np.isin(by_words, labels)]
+        if lexical_only.size:
+            labels = np.concatenate([labels, lexical_only])
+            sims = np.concatenate([sims, index.similarities(vector, lexical_only)])
+        shares = (
+            words.scores(labels) / words.ceiling if words.ceiling > 0 else np.zeros(labels.size)
         )
-
-    def cosines(self) -> npt.NDArray[np.float64]:
-        """Every candidate's cosine."""
-        return np.fromiter(self.similarity.values(), np.float64, len(self.similarity))
-
-    def shares(self) -> npt.NDArray[np.float64]:
-        """Every candidate's lexical share, in the same order."""
-        return np.fromiter(self.lexical.values(), np.float64, len(self.lexical))
+        reference = np.arange(labels.size) < _REFERENCE  # the dense list comes first
+        reference |= np.isin(labels, by_words[:_REFERENCE])
+        return cls(index, words, labels, sims.astype(np.float64), shares, reference)
 
 
 def _rank_index(
@@ -233,21 +237,23 @@ def _rank_index(
     bulk: bool,
 ) -> list[Hit]:
     """The hits of one index's candidates (see :func:`rank_channel`)."""
-    similarity, lexical, index = candidates.similarity, candidates.lexical, candidates.index
-    if not similarity:
+    labels, index = candidates.labels, candidates.index
+    if not labels.size:
         return []
     scoring = _Scoring(query, policy, window, clocks, own, candidates.words, fusion)
-    labels = np.fromiter(similarity, dtype=np.int64, count=len(similarity))
     batch = index.columns.batch(labels)
     by_record = needs_record(batch) | (not bulk) | bool(query.tags)
+    cosines, shares = candidates.cosines, candidates.shares
     hits = [
         hit
-        for label in labels[by_record].tolist()
-        if (hit := scoring.one(index, records, label, similarity[label], lexical[label]))
+        for row in np.flatnonzero(by_record).tolist()
+        if (hit := scoring.one(index, records, int(labels[row]), cosines[row], shares[row]))
     ]
     quick = ~by_record
     if quick.any():
-        hits += scoring.bulk(index, records, labels[quick], batch, quick, similarity, lexical, top)
+        hits += scoring.bulk(
+            index, records, labels[quick], batch, quick, cosines[quick], shares[quick], top
+        )
     if top is not None and len(hits) > top:
         hits.sort(key=lambda h: (-h.score, h.record.id))
         del hits[top:]
@@ -334,17 +340,15 @@ class _Scoring:
         labels: npt.NDArray[np.int64],
         whole: Batch,
         rows: npt.NDArray[np.bool_],
-        similarity: Mapping[int, float],
-        lexical: Mapping[int, float],
+        sims: npt.NDArray[np.float64],
+        words: npt.NDArray[np.float64],
         top: int | None,
     ) -> list[Hit]:
-        """The hits of many candidates, scored from the index's columns (``whole``'s
-        ``rows``); only the best ``top`` become hits."""
+        """The hits of many candidates (``labels``, with their cosines and lexical shares),
+        scored from the index's columns (``whole``'s ``rows``); only the best ``top``
+        become hits."""
         policy, weights, query = self.policy, self.weights, self.query
         batch = whole.select(rows)
-        listed = labels.tolist()
-        sims = np.array([similarity[label] for label in listed])
-        words = np.array([lexical[label] for label in listed])
         keyword = self.words.overlap(labels)
         heat, state = heats_and_states(batch, policy, self.clocks)
         keep = self._passes(batch, heat, state)
@@ -368,7 +372,7 @@ class _Scoring:
             chosen = chosen[score[chosen] >= cut]  # ties at the cut stay: ids decide later
         hits = []
         for row in chosen.tolist():
-            record = evolve(records[index.memory_id(listed[row])], policy, self.clocks)
+            record = evolve(records[index.memory_id(int(labels[row]))], policy, self.clocks)
             hits.append(
                 Hit(
                     record,
