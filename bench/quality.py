@@ -13,8 +13,11 @@ include_archived=True)``, ``as_of=<question date>`` under ``metadata`` only. On 
 turns, outside Calor, the three baselines of ``baselines.py`` rank every turn.
 ``scoring.py`` scores them all the authors' way; Calor's column per protocol.
 
-Two splits: ``oracle`` (all 470 scored questions, evidence sessions only) and ``s``
-(the first 50 scored questions, about 490 turns each; ``--questions N`` for more).
+Two splits by default: ``oracle`` (all 470 scored questions, evidence sessions only) and
+``s`` (the first 50 scored questions, about 490 turns each; ``--questions N`` for more).
+A third is built from S (``longreplies.py``): ``--splits long-replies`` (the first 100
+questions asked about what the user said, among 25 sessions of long assistant replies,
+about 300 turns each).
 The ``s`` channels are also where recall latency is measured: ``LATENCY_REPEATS``
 sequential ``Recall(limit=10, peek=True)`` per question, timed on the client, query
 embedding included.
@@ -22,7 +25,7 @@ embedding included.
 Prints one table and writes JSON to ``bench/results/`` (``quality-<stamp>.json`` and
 ``quality-latest.json``).
 
-    .venv/bin/python bench/quality.py [--splits oracle,s] [--questions 50]
+    .venv/bin/python bench/quality.py [--splits oracle,s,long-replies] [--questions 50]
         [--protocols metadata,bare]
 """
 
@@ -160,6 +163,7 @@ def run_calor(questions: Sequence[Question], protocol: str, measure_latency: boo
 def run_baselines(questions: Sequence[Question], cache: VectorCache) -> Json:
     """The baselines' rankings, cut to Calor's depth, and what they cost."""
     started = time.perf_counter()
+    cache.fill(questions)  # each text once, however many haystacks hold it
     rankings = baselines.rank_questions(questions, cache, RECALL_LIMIT)
     return {
         "rankings": rankings,
@@ -278,10 +282,17 @@ def render(report: Json) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--splits", default="oracle,s", help="comma-separated: oracle, s")
+    parser.add_argument(
+        "--splits",
+        default="oracle,s",
+        help="comma-separated: " + ", ".join(longmemeval.SPLIT_NAMES),
+    )
     parser.add_argument("--questions", type=int, default=50, help="scored S-split questions")
     parser.add_argument(
         "--oracle-questions", type=int, default=None, help="scored oracle questions (all)"
+    )
+    parser.add_argument(
+        "--long-replies-questions", type=int, default=100, help="long-replies questions"
     )
     parser.add_argument(
         "--protocols",
@@ -296,9 +307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--protocols: one or more of {', '.join(longmemeval.PROTOCOLS)}")
     timestamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    if set(splits) - set(longmemeval.SPLIT_NAMES) or not splits:
+        parser.error(f"--splits: one or more of {', '.join(longmemeval.SPLIT_NAMES)}")
+    limits = {"s": args.questions, "long-replies": args.long_replies_questions}
     report: Json = {"timestamp": timestamp, "machine": machine_info(), "splits": {}}
     for split in splits:
-        limit = args.questions if split == "s" else args.oracle_questions
+        limit = limits.get(split, args.oracle_questions)
         report["splits"][split] = evaluate_split(split, limit, protocols)
     table = render(report)
     print("\n" + table)
