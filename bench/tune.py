@@ -17,9 +17,10 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -69,18 +70,47 @@ def _fixed_lambda(dense: F64, words: F64, specific: float, weight: float) -> Fus
         lexical_weight=weight if words.size and words.std() > 0.0 else 0.0,
     )
     best = np.sort(fixed.relevance(dense, words))[::-1][:10]
-    return replace(fixed, spread=max(1e-3, float(best[0] - best[-1])) if best.size else 0.0)
+    if not best.size:
+        return fixed
+    return replace(fixed, spread=max(1e-3, float(best[0] - best[-1])), best=float(best[0]))
+
+
+@dataclass(frozen=True)
+class _FullHeat(Fusion):
+    """A fusion whose ``spread`` is 1 (heat and keyword overlap at their full weights),
+    the band of its temporal boost still the recall's own (``band_spread``)."""
+
+    band_spread: float = 0.0
+
+    def time_share(self, relevance: Any) -> Any:
+        return Fusion.time_share(replace(self, spread=self.band_spread), relevance)
 
 
 def _absolute_heat(dense: F64, words: F64, specific: float, weight: float) -> Fusion:
     """The fusion with heat and keyword overlap at their full weights, not scaled by the
     spread of relevance (as before issue 33)."""
-    return replace(fusion.fuse(dense, words, specific, weight), spread=1.0)
+    fitted = fusion.fuse(dense, words, specific, weight)
+    return _FullHeat(**{**asdict(fitted), "spread": 1.0}, band_spread=fitted.spread)
+
+
+@dataclass(frozen=True)
+class _FullTimeBoost(Fusion):
+    """A fusion that gives every hit its whole temporal boost, however weakly related."""
+
+    def time_share(self, relevance: Any) -> Any:
+        return 1.0 + 0.0 * relevance
+
+
+def _absolute_time(dense: F64, words: F64, specific: float, weight: float) -> Fusion:
+    """The fusion with the boost of a time the query names at full weight for every hit,
+    not only the most relevant (as before issue 33)."""
+    return _FullTimeBoost(**asdict(fusion.fuse(dense, words, specific, weight)))
 
 
 FUSION_VARIANTS: dict[str, Callable[[F64, F64, float, float], Fusion]] = {
     "fixed-lambda": _fixed_lambda,
     "absolute-heat": _absolute_heat,
+    "absolute-time": _absolute_time,
 }
 
 
@@ -156,6 +186,7 @@ ABLATIONS: dict[str, list[str]] = {
     "- heat": ["heat=0"],
     "- adaptive λ (fixed at weight_lexical)": ["fusion=fixed-lambda"],
     "- heat among the relevant (absolute)": ["fusion=absolute-heat"],
+    "- time among the relevant (absolute)": ["fusion=absolute-time"],
     "cosine only": ["lexical=0", "source=0", "keyword=0", "temporal=0", "heat=0"],
 }
 TABLE_METRICS = (

@@ -14,7 +14,7 @@ from calor.server.recall.fusion import NO_FUSION, fuse, specificity
 from calor.server.recall.lexical import Corpus
 from calor.v1 import memory_service_pb2 as pb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
-from tests.helpers import DAY, EPISODIC, FACT, store
+from tests.helpers import DAY, EPISODIC, FACT, store, ts, utc
 
 
 def test_without_a_candidate_that_holds_a_query_word_meaning_alone_decides() -> None:
@@ -160,3 +160,40 @@ def test_the_best_hits_are_the_same_whatever_limit_is_asked(
     for more in (best(40), best(50), best(100)):
         assert [h.memory.id for h in more[:10]] == [h.memory.id for h in ten]
         assert [h.score for h in more[:10]] == pytest.approx([h.score for h in ten], abs=1e-6)
+
+
+def test_a_time_the_query_names_picks_among_the_relevant_not_over_them(
+    manual: tuple[ManualClock, MemoryServiceStub],
+) -> None:
+    _, stub = manual
+    channel = "last-week"
+    answer = store(
+        stub,
+        channel,
+        "Signed the boiler service contract with Nordheat; they visit each March.",
+        memory_type=EPISODIC,
+        created_at=ts(utc("2026-03-18T10:00:00")),
+    )
+    chatter = [  # last week, and nothing about the boiler
+        ("2026-03-30T09:00:00", "Went to the cinema with Priya on Monday evening."),
+        ("2026-04-01T18:00:00", "Bought groceries and a new kettle on the way home."),
+        ("2026-04-03T12:00:00", "Lunch with the design team at the noodle bar."),
+    ]
+    for created, text in chatter:
+        store(stub, channel, text, memory_type=EPISODIC, created_at=ts(utc(created)))
+    hits = stub.Recall(
+        pb.RecallRequest(
+            channel=channel,
+            query="Who did we sign the boiler service contract with last week?",
+            as_of=ts(utc("2026-04-08T12:00:00")),  # a Wednesday: last week is Mar 30-Apr 5
+            peek=True,
+            include_archived=True,
+        )
+    )
+    assert hits.temporal_window.phrase  # the query named a week
+    assert hits.hits[0].memory.id == answer.id  # misremembered by a week, still first
+    assert all(h.temporal < 0.40 for h in hits.hits[1:])  # far less relevant: little boost
+    # The full boost (0.40 for a memory inside the window), as before, would have put
+    # last week's chatter first.
+    unscaled = [h.score - h.temporal + 0.40 for h in hits.hits[1:]]
+    assert max(unscaled) > hits.hits[0].score

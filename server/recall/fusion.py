@@ -17,7 +17,12 @@ one recall, over the candidates it searched (every index of it together):
   relevance less the tenth, and at least 0.001 so that heat breaks even a tie of all
   of them). Heat and the query-word overlap move a hit by their weight times
   ``spread`` at most, so they reorder hits of close relevance and never lift a weakly
-  related hot memory over one that answers.
+  related hot memory over one that answers;
+* a time the query names ("last week") boosts the hits among the most relevant (within
+  one ``spread`` of the best relevance, and never more than 0.1 below it on the
+  cosine's scale) in full, and less the further below them, none from twice that down
+  (:meth:`Fusion.time_share`): it picks last week's lunch among the lunches, but last
+  week's chatter does not bury the memory that answers from the week before.
 
 Nothing here depends on a benchmark or a channel's name: only on the query's words,
 the channel's word statistics, and the candidates' own scores.
@@ -40,6 +45,11 @@ _LEAD = 10  # a ranking's lead: its best candidate over the mean of its best ten
 _SCALE = 50  # measured in standard deviations of its best fifty
 _SPREAD = 10  # heat and overlap reorder within the best ten's spread of relevance
 _TIES = 1e-3  # the least spread: heat breaks a tie even where every candidate ties
+# A named time boosts hits in full down to a band below the best relevance: the spread,
+# but never wider than this (on the cosine's scale, where what answers a question and
+# what does not lie tenths apart), so that in a channel with few relevant memories the
+# band does not take in the irrelevant rest.
+_TIME_BAND_MOST = 0.1
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class Fusion:
         dense_mean / dense_scale: The candidates' cosines: mean and standard deviation.
         lexical_mean / lexical_scale: Their lexical scores, likewise.
         spread: The best relevance less the tenth best: how far heat may move a hit.
+        best: The best relevance.
     """
 
     lexical_weight: float
@@ -59,6 +70,25 @@ class Fusion:
     lexical_mean: float
     lexical_scale: float
     spread: float
+    best: float = 0.0
+
+    @overload
+    def time_share(self, relevance: float) -> float: ...
+    @overload
+    def time_share(self, relevance: _F64) -> _F64: ...
+    def time_share(self, relevance: float | _F64) -> float | _F64:
+        """How much of its temporal boost a hit of this relevance gets: all of it within
+        one band of the best (the spread, at most ``_TIME_BAND_MOST``), none from two
+        bands below (0..1)."""
+        band = min(self.spread, _TIME_BAND_MOST)
+        if band <= 0.0:
+            return 0.0 * relevance
+        shared = (relevance - self.best) / band + 2.0
+        return (
+            np.clip(shared, 0.0, 1.0)
+            if isinstance(shared, np.ndarray)
+            else min(1.0, max(0.0, shared))
+        )
 
     @overload
     def words(self, lexical: float) -> float: ...
@@ -120,7 +150,7 @@ def fuse(dense: _F64, words: _F64, specific: float, weight: float) -> Fusion:
         spread=0.0,
     )
     best = _best(fusion.relevance(dense, words), _SPREAD)
-    return replace(fusion, spread=max(_TIES, float(best[0] - best[-1])))
+    return replace(fusion, spread=max(_TIES, float(best[0] - best[-1])), best=float(best[0]))
 
 
 def _lead(scores: _F64) -> float:

@@ -1,7 +1,7 @@
 """Recall ranking: candidates from meaning and words, scored by relevance, heat and time.
 
 score = w_sim·relevance + (w_heat·heat + w_kw·keyword_overlap)·spread
-        + temporal_boost (≤ w_temporal, fading over the fade days)
+        + temporal_boost (≤ w_temporal, fading over the fade days) · time_share
         + w_own if the memory is in the caller's own channel
         + w_source·source_trust
         all × 0.5 for a memory a newer one superseded (or that was deprecated); such
@@ -10,8 +10,10 @@ score = w_sim·relevance + (w_heat·heat + w_kw·keyword_overlap)·spread
 ``relevance`` is the cosine mixed with the memory's BM25 score by how far the words can
 be trusted for this query, and ``spread`` how far apart the ten most relevant
 candidates are (:mod:`calor.server.recall.fusion`): heat and the query-word overlap
-reorder hits of close relevance. ``lexical`` (reported) is the BM25 score as a fraction
-of the best any memory could reach for the query. bench/README.md says what each adds.
+reorder hits of close relevance, and a time the query names boosts the most relevant
+hits in full, weakly related ones not at all (``time_share``). ``lexical`` (reported)
+is the BM25 score as a fraction of the best any memory could reach for the query.
+bench/README.md says what each adds.
 """
 
 from __future__ import annotations
@@ -295,15 +297,15 @@ class _Scoring:
         if not _passes(record, heat, query, policy):
             return None
         keyword = float(self.words.overlap(np.array([label], dtype=np.int64))[0])
+        relevance = self.fusion.relevance(sim, words)
         boost = 0.0
         if self.window is not None:
-            boost = temporal_boost(
+            boost = self.fusion.time_share(relevance) * temporal_boost(
                 datetime.fromtimestamp(record.created_at, UTC),
                 self.window,
                 weights.temporal,
                 weights.temporal_fade_days,
             )
-        relevance = self.fusion.relevance(sim, words)
         trust = weights.source * self.trust_of.get(record.source, SOURCE_TRUST["agent"])
         score = (
             weights.similarity * relevance
@@ -352,9 +354,9 @@ class _Scoring:
         keyword = self.words.overlap(labels)
         heat, state = heats_and_states(batch, policy, self.clocks)
         keep = self._passes(batch, heat, state)
-        boost = self._boosts(batch.created_at)
         trust = weights.source * self._trust[batch.source]
         relevance = self.fusion.relevance(sims, words)
+        boost = self._boosts(batch.created_at, relevance)
         score = (
             weights.similarity * relevance
             + (weights.heat * heat + weights.keyword * keyword) * self.fusion.spread
@@ -414,8 +416,11 @@ class _Scoring:
             keep &= heat >= policy.survival_gate
         return keep
 
-    def _boosts(self, created_at: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        """:func:`temporal_boost` of each creation time, in bulk."""
+    def _boosts(
+        self, created_at: npt.NDArray[np.float64], relevance: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """:func:`temporal_boost` of each creation time, in bulk, times its hit's
+        :meth:`Fusion.time_share`."""
         window, weights = self.window, self.weights
         if window is None:
             return np.zeros(created_at.shape[0])
@@ -427,7 +432,8 @@ class _Scoring:
             else np.zeros_like(distance)
         )
         outside = np.where(distance >= weights.temporal_fade_days, 0.0, fading)
-        return np.where((created_at >= start) & (created_at <= end), weights.temporal, outside)
+        inside = (created_at >= start) & (created_at <= end)
+        return self.fusion.time_share(relevance) * np.where(inside, weights.temporal, outside)
 
     def _bands(
         self, sims: npt.NDArray[np.float64], keyword: npt.NDArray[np.float64]
