@@ -9,6 +9,7 @@ scored (:func:`heats_and_states`), so new settings need no rewrite of the column
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,7 @@ __all__ = [
     "TYPES",
     "Batch",
     "RecordColumns",
+    "among",
     "heats_and_states",
     "needs_record",
     "state_code",
@@ -159,13 +161,22 @@ class Batch:
         return Batch(**{name: getattr(self, name)[rows] for name in Batch.__dataclass_fields__})
 
 
+def among(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> _BOOL:
+    """Which of ``codes`` (a column of states or types) are one of ``wanted``: a compare
+    per wanted code, far cheaper than ``np.isin`` for the few codes there are."""
+    found = np.zeros(codes.shape, dtype=bool)
+    for code in wanted:
+        found |= codes == code
+    return found
+
+
 def needs_record(batch: Batch) -> _BOOL:
     """Candidates whose heat or state the bulk formula does not cover, to be computed
     from their record: working memories (promotion), unknown types, odd states."""
     odd: _BOOL = (
         (batch.memory_type == _WORKING)
         | (batch.memory_type < 0)
-        | ~np.isin(batch.state, (ACTIVE_CODE, COLD_CODE, ARCHIVED_CODE))
+        | ~among(batch.state, (ACTIVE_CODE, COLD_CODE, ARCHIVED_CODE))
     )
     return odd
 

@@ -80,6 +80,13 @@ class ChannelIndex:
         """The label of each memory, -1 for one not indexed here."""
         return np.array(list(map(self._label_of.get, memory_ids, repeat(-1))), dtype=np.int64)
 
+    def label_mask(self, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """A boolean per label ever handed out here, true for ``labels``: a set that numpy
+        indexes (membership of many labels at once, without sorting)."""
+        mask = np.zeros(len(self._id_at), dtype=bool)
+        mask[labels] = True
+        return mask
+
     def remove(self, memory_id: str) -> bool:
         """Take a memory out of both indexes; False if it was not there."""
         label = self._label_of.pop(memory_id, None)

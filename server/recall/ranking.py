@@ -32,6 +32,7 @@ from calor.server.commands import RecallQuery
 from calor.server.recall.columns import (
     SOURCES,
     Batch,
+    among,
     heats_and_states,
     needs_record,
     state_code,
@@ -214,7 +215,8 @@ class _Candidates:
         words = index.lexical.match(query, corpus)
         labels, sims = index.dense(vector, pool)
         by_words, _ = words.top(pool)
-        lexical_only = by_words[~np.isin(by_words, labels)]
+        listed = index.label_mask(labels)
+        lexical_only = by_words[~listed[by_words]]
         if lexical_only.size:
             labels = np.concatenate([labels, lexical_only])
             sims = np.concatenate([sims, index.similarities(vector, lexical_only)])
@@ -222,7 +224,7 @@ class _Candidates:
             words.scores(labels) / words.ceiling if words.ceiling > 0 else np.zeros(labels.size)
         )
         reference = np.arange(labels.size) < _REFERENCE  # the dense list comes first
-        reference |= np.isin(labels, by_words[:_REFERENCE])
+        reference |= index.label_mask(by_words[:_REFERENCE])[labels]
         return cls(index, words, labels, sims.astype(np.float64), shares, reference)
 
 
@@ -406,11 +408,11 @@ class _Scoring:
         query, policy = self.query, self.policy
         allowed = query.states or (_ARCHIVE_TOO if query.include_archived else _SEARCHABLE)
         codes = [state_code(name) for name in allowed & _ARCHIVE_TOO]
-        keep = np.isin(state, codes)
+        keep = among(state, codes)
         if not query.states:
             keep &= ~batch.superseded
         if query.memory_types:
-            keep &= np.isin(batch.memory_type, [type_code(t) for t in query.memory_types])
+            keep &= among(batch.memory_type, [type_code(t) for t in query.memory_types])
         keep &= heat >= query.min_heat
         if policy.gate_fidelity:
             keep &= heat >= policy.survival_gate
