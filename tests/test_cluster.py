@@ -468,6 +468,9 @@ def test_a_node_keeps_the_placement_buckets_leader_on_the_write_streams_server(
                 probe.persist(step_down, "step the write stream's leader down")
             time.sleep(1.0)
 
+    # A server restarted by an earlier test may still be catching up, and a replica that
+    # is not current cannot be handed a leadership: start from a whole cluster.
+    nats.wait_whole(timeout=120.0)
     try:
         with Node(nats, tmp_path / "a", "a") as node:
             node.answering()
