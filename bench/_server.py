@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -31,7 +32,8 @@ def calor_command() -> str:
 class Server:
     """``calor serve`` as a subprocess on a free port with a fresh data dir."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        """Start it; ``env`` (if given) is the server's whole environment."""
         self.workdir = Path(tempfile.mkdtemp(prefix="calor-bench-"))
         self.data_dir = self.workdir / "data"
         self.port = free_port()
@@ -39,7 +41,12 @@ class Server:
         self._log = self.log_path.open("wb")
         command = [calor_command(), "serve", "--data-dir", str(self.data_dir)]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+        )
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = pb_grpc.MemoryServiceStub(self.channel)
 

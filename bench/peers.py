@@ -62,22 +62,6 @@ from throughput import machine_info, write_results
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results"
 CONCURRENT_POOL = 8_000  # queries for the concurrent runs: corpus texts past the stored ones
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
-
-
-def cpu_flags() -> dict[str, bool]:
-    """Which of the flags that move ONNX and FAISS figures the CPU has (Linux)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    for line in info.splitlines():
-        if line.startswith("flags"):
-            present = set(line.split(":", 1)[1].split())
-            return {flag: flag in present for flag in CPU_FLAGS}
-    return {}
-
-
 def measure_model(
     corpus: Corpus, sizes: Sequence[int], work: Workload, patience: Patience
 ) -> tuple[Json, Json]:
@@ -132,7 +116,7 @@ def run(args: argparse.Namespace) -> Json:
     began = time.perf_counter()
     report: Json = {
         "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine_info() | {"cpu_flags": cpu_flags()},
+        "machine": machine_info(),
         "settings": {
             "sizes": args.sizes,
             "peek_queries": args.queries,

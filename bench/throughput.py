@@ -228,6 +228,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of the flags that move ONNX and FAISS figures the CPU has (Linux)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    for line in info.splitlines():
+        if line.startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            return {flag: flag in present for flag in CPU_FLAGS}
+    return {}
+
+
 def machine_info() -> Json:
     import onnxruntime
 
@@ -235,6 +251,7 @@ def machine_info() -> Json:
     return {
         "nproc": len(affinity) if affinity else os.cpu_count(),
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,

@@ -76,6 +76,27 @@ def test_the_graph_finds_what_exact_search_finds_and_catches_up() -> None:
     assert sorted(everything[0][everything[0] >= 0].tolist()) == sorted(held)
 
 
+def test_similarities_are_each_labels_cosine_in_the_order_asked_exact_or_through_a_graph() -> None:
+    vectors = clustered(700)
+    index = VectorIndex(DIM, approximate_above=500)
+    index.add(np.arange(400, dtype=np.int64), vectors[:400])
+    for label in range(0, 40, 3):
+        index.remove(label)  # the exact index compacts: positions are no longer labels
+    asked = np.array([399, 1, 250, 2, 77, 398], dtype=np.int64)
+    query = clustered(1, seed=3)[0]
+    expected = vectors[asked].astype(np.float16).astype(np.float32) @ query
+    assert not index.approximate
+    assert np.allclose(index.similarities(query, asked), expected, atol=1e-5)
+
+    index.add(np.arange(400, 700, dtype=np.int64), vectors[400:])
+    build = index.snapshot()
+    build.run()
+    index.install(build)
+    assert index.approximate
+    # Through the graph the vectors are held in 8 bits: close, not exact.
+    assert np.allclose(index.similarities(query, asked), expected, atol=0.02)
+
+
 def test_a_big_batch_searches_its_own_earlier_items_through_a_graph() -> None:
     vectors = clustered(1200)
     scratch = ScratchIndex(DIM, approximate_above=500)

@@ -145,8 +145,7 @@ class ChannelIndex:
         label_array = np.asarray(labels, dtype=np.int64)
         if label_array.size == 0:
             return np.empty(0, dtype=np.float32)
-        matrix = self.vectors.reconstruct_batch(label_array)
-        return np.asarray(matrix @ query.astype(np.float32), dtype=np.float32)
+        return self.vectors.similarities(query.astype(np.float32), label_array)
 
 
 class ScratchIndex:
