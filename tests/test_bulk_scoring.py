@@ -18,7 +18,7 @@ from calor.server.recall.index import ChannelIndex
 from calor.server.recall.ranking import Hit, rank_channel
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
-from calor.server.thermo.heat import MEMORY_TYPES, SOURCE_TRUST
+from calor.server.thermo.heat import DECAY_CURVES, MEMORY_TYPES, SOURCE_TRUST
 from calor.server.thermo.lifecycle import DAY, Clocks
 from calor.server.thermo.policy import ChannelPolicy
 
@@ -56,6 +56,7 @@ query_strategy = st.fixed_dictionaries(
         "include_archived": st.booleans(),
         "window_days": st.sampled_from([None, (20.0, 10.0), (0.5, 0.0)]),
         "decay_mode": st.sampled_from(["time", "interaction", "hybrid"]),
+        "decay_curve": st.sampled_from(DECAY_CURVES),
         "gate_fidelity": st.booleans(),
         "asks_agent": st.booleans(),
     }
@@ -106,7 +107,10 @@ def rank(index, records, policy, query, vector, window, clocks, top=None, bulk=T
 def test_bulk_scores_equal_the_per_record_formula(specs, spec, seed) -> None:  # type: ignore[no-untyped-def]
     index, records = build(specs, seed)
     policy = replace(
-        ChannelPolicy(), decay_mode=spec["decay_mode"], gate_fidelity=spec["gate_fidelity"]
+        ChannelPolicy(),
+        decay_mode=spec["decay_mode"],
+        decay_curve=spec["decay_curve"],
+        gate_fidelity=spec["gate_fidelity"],
     )
     text = " ".join(spec["words"]) + (" what did you recommend" if spec["asks_agent"] else "")
     query = RecallQuery(
@@ -214,6 +218,7 @@ def grid_specs() -> list[dict[str, object]]:
     return specs
 
 
+@pytest.mark.parametrize("decay_curve", DECAY_CURVES)
 @pytest.mark.parametrize("decay_mode", ["time", "interaction", "hybrid"])
 @pytest.mark.parametrize(
     "filters",
@@ -224,10 +229,14 @@ def grid_specs() -> list[dict[str, object]]:
         {"min_heat": 0.05, "min_band": "mid"},
     ],
 )
-def test_bulk_scores_equal_the_formula_over_a_grid(decay_mode: str, filters: dict) -> None:  # type: ignore[type-arg]
+def test_bulk_scores_equal_the_formula_over_a_grid(
+    decay_mode: str,
+    decay_curve: str,
+    filters: dict,  # type: ignore[type-arg]
+) -> None:
     specs = grid_specs()
     index, records = build(specs, seed=11)
-    policy = replace(ChannelPolicy(), decay_mode=decay_mode)
+    policy = replace(ChannelPolicy(), decay_mode=decay_mode, decay_curve=decay_curve)
     query = RecallQuery(channel="c", query="oslo tea alpha", limit=len(specs), **filters)
     clocks = Clocks(NOW, interactions=60)
     vector = np.full(DIM, 1 / np.sqrt(DIM), dtype=np.float32)

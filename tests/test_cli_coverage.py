@@ -143,6 +143,7 @@ def test_settings_get(calor: Run) -> None:
     rows = dict(line.split(None, 1) for line in out.splitlines())
     assert rows["entropy_threshold"] == "4096"
     assert rows["decay_mode"] == "time"
+    assert rows["decay_curve"] == "exponential"
     assert rows["gate_fidelity"] in ("true", "false")
     assert rows["profiles.fact.half_life_seconds"] == "31536000"
     assert rows["dream_archive_exempt_types"] == "semantic,procedural,core"
@@ -156,6 +157,7 @@ def test_settings_set_reads_each_value_by_its_type(calor: Run, client: CalorClie
         "cold_threshold=0.2",
         "entropy_threshold=2048",
         "decay_mode=hybrid",
+        "decay_curve=huber",
         "gate_fidelity=yes",
         "heat_min_band=high",
         "dream_archive_exempt_types=core,semantic",
@@ -168,6 +170,7 @@ def test_settings_set_reads_each_value_by_its_type(calor: Run, client: CalorClie
         "cold_threshold": "0.2",
         "entropy_threshold": "2048",
         "decay_mode": "hybrid",
+        "decay_curve": "huber",
         "gate_fidelity": "true",
         "heat_min_band": "high",
         "dream_archive_exempt_types": "semantic,core",
@@ -176,6 +179,7 @@ def test_settings_set_reads_each_value_by_its_type(calor: Run, client: CalorClie
     }
     settings = client.get_settings()
     assert settings.decay_mode == memory_pb2.DECAY_MODE_HYBRID and settings.gate_fidelity
+    assert settings.decay_curve == memory_pb2.DECAY_CURVE_HUBER
     profiles = {p.memory_type: p for p in settings.profiles}
     fact = profiles[memory_pb2.MEMORY_TYPE_FACT]
     assert (fact.floor, fact.half_life_seconds) == (0.25, 365 * 86_400.0)  # the rest kept
@@ -205,6 +209,7 @@ def test_settings_set_unknown_key_is_a_usage_error_listing_the_known(
         ("entropy_threshold=1.5", "not a whole number"),
         ("gate_fidelity=maybe", "expected true or false"),
         ("decay_mode=sometimes", "time, interaction, hybrid"),
+        ("decay_curve=sigmoid", "exponential, huber, elastic"),
         ("dream_archive_exempt_types=core,rocks", "unknown value 'rocks'"),
         ("cold_threshold", "KEY=VALUE"),
     ],

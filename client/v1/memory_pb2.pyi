@@ -176,6 +176,42 @@ DECAY_MODE_INTERACTION: DecayMode.ValueType  # 2
 DECAY_MODE_HYBRID: DecayMode.ValueType  # 3
 Global___DecayMode: _TypeAlias = DecayMode  # noqa: Y015
 
+class _DecayCurve:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DecayCurveEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DecayCurve.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DECAY_CURVE_UNSPECIFIED: _DecayCurve.ValueType  # 0
+    """Treated as DECAY_CURVE_EXPONENTIAL."""
+    DECAY_CURVE_EXPONENTIAL: _DecayCurve.ValueType  # 1
+    """heat0 · 2^(−x), x the half-lives elapsed: the default."""
+    DECAY_CURVE_HUBER: _DecayCurve.ValueType  # 2
+    """The same for the first half-life, then slower: heat0 · 2^(−(2·√x − 1)), so a long
+    quiet spell does not erase a memory.
+    """
+    DECAY_CURVE_ELASTIC: _DecayCurve.ValueType  # 3
+    """Strongly held memories keep more, weak ones fade faster: heat^½ falls by
+    ½ · ln 2 · √0.5 per half-life (as fast as exponential at heat 0.5).
+    """
+
+class DecayCurve(_DecayCurve, metaclass=_DecayCurveEnumTypeWrapper):
+    """The retention curve heat follows between recalls (DESIGN §3)."""
+
+DECAY_CURVE_UNSPECIFIED: DecayCurve.ValueType  # 0
+"""Treated as DECAY_CURVE_EXPONENTIAL."""
+DECAY_CURVE_EXPONENTIAL: DecayCurve.ValueType  # 1
+"""heat0 · 2^(−x), x the half-lives elapsed: the default."""
+DECAY_CURVE_HUBER: DecayCurve.ValueType  # 2
+"""The same for the first half-life, then slower: heat0 · 2^(−(2·√x − 1)), so a long
+quiet spell does not erase a memory.
+"""
+DECAY_CURVE_ELASTIC: DecayCurve.ValueType  # 3
+"""Strongly held memories keep more, weak ones fade faster: heat^½ falls by
+½ · ln 2 · √0.5 per half-life (as fast as exponential at heat 0.5).
+"""
+Global___DecayCurve: _TypeAlias = DecayCurve  # noqa: Y015
+
 @_typing.final
 class Memory(_message.Message):
     """One memory as the service sees it now; `heat` is evaluated at read time."""
@@ -489,6 +525,7 @@ class ChannelSettings(_message.Message):
     CONTEXT_WEIGHT_SOURCE_FIELD_NUMBER: _builtins.int
     CONTEXT_REUSE_SECONDS_FIELD_NUMBER: _builtins.int
     DREAM_MAX_CONFLICTS_FIELD_NUMBER: _builtins.int
+    DECAY_CURVE_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -610,6 +647,10 @@ class ChannelSettings(_message.Message):
     """Most conflicts one dream opens in a channel, strongest first (default 20); the
     dream's report counts the rest it saw.
     """
+    decay_curve: Global___DecayCurve.ValueType
+    """The retention curve heat follows (default exponential); changing it changes every
+    memory's heat from its last recall on, as changing decay_mode does.
+    """
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
     @_builtins.property
@@ -688,10 +729,11 @@ class ChannelSettings(_message.Message):
         context_weight_source: _builtins.float = ...,
         context_reuse_seconds: _builtins.float = ...,
         dream_max_conflicts: _builtins.int = ...,
+        decay_curve: Global___DecayCurve.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "context_reuse_seconds", b"context_reuse_seconds", "context_weight_heat", b"context_weight_heat", "context_weight_recency", b"context_weight_recency", "context_weight_similarity", b"context_weight_similarity", "context_weight_source", b"context_weight_source", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_max_conflicts", b"dream_max_conflicts", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "heat_min_band", b"heat_min_band", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "context_reuse_seconds", b"context_reuse_seconds", "context_weight_heat", b"context_weight_heat", "context_weight_recency", b"context_weight_recency", "context_weight_similarity", b"context_weight_similarity", "context_weight_source", b"context_weight_source", "decay_curve", b"decay_curve", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_max_conflicts", b"dream_max_conflicts", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "heat_min_band", b"heat_min_band", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,16 +9,15 @@ from typing import Any
 
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from calor.server.api.wire import enum_text, full_name, short_name
+from calor.server.api.wire import Enum, enum_text, full_name, short_name
 from calor.server.errors import InvalidArgumentError
-from calor.server.thermo.heat import TypeProfile
+from calor.server.thermo.heat import DECAY_CURVES, TypeProfile
 from calor.server.thermo.policy import BANDS, DECAY_MODES, ChannelPolicy
 from calor.v1 import memory_pb2
 
 __all__ = ["apply_settings", "settings_message"]
 
 _TYPE_PREFIX = "MEMORY_TYPE_"
-_MODE_PREFIX = "DECAY_MODE_"
 
 # Every real memory type, in the enum's order: (enum number, policy name).
 _TYPES: tuple[tuple[memory_pb2.MemoryType.ValueType, str], ...] = tuple(
@@ -28,10 +27,33 @@ _TYPES: tuple[tuple[memory_pb2.MemoryType.ValueType, str], ...] = tuple(
 )
 _TYPE_NAMES: dict[int, str] = dict(_TYPES)
 
-_MODE_NUMBERS: dict[str, memory_pb2.DecayMode.ValueType] = {
-    mode: memory_pb2.DecayMode.Value(full_name(_MODE_PREFIX, mode)) for mode in DECAY_MODES
+
+@dataclass(frozen=True)
+class _Choice:
+    """A setting whose value is one of a few names, an enum on the wire."""
+
+    enum: Enum  # the generated enum wrapper (memory_pb2.DecayMode, ...)
+    prefix: str
+    names: tuple[str, ...]
+
+    def number(self, name: str) -> int:
+        return int(self.enum.Value(full_name(self.prefix, name)))
+
+    def name(self, field: str, number: int) -> str:
+        """The name of a number sent for ``field``; refused unless it is one of ours."""
+        for name in self.names:
+            if self.number(name) == number:
+                return name
+        choices = ", ".join(full_name(self.prefix, name) for name in self.names)
+        raise InvalidArgumentError(
+            f"{field}: {enum_text(self.enum, number)} is not one of {choices}"
+        )
+
+
+_CHOICES: dict[str, _Choice] = {
+    "decay_mode": _Choice(memory_pb2.DecayMode, "DECAY_MODE_", DECAY_MODES),
+    "decay_curve": _Choice(memory_pb2.DecayCurve, "DECAY_CURVE_", DECAY_CURVES),
 }
-_MODE_NAMES: dict[int, str] = {number: mode for mode, number in _MODE_NUMBERS.items()}
 
 
 # What a server can afford: durations from a second to a century, counts that drive
@@ -129,7 +151,7 @@ def _ingest(attr: str) -> _Rule:
     return _fraction(attr, "ingest")
 
 
-# Every ChannelSettings field but ``decay_mode``, ``profiles`` and
+# Every ChannelSettings field but the choices (``decay_mode``, ``decay_curve``), ``profiles`` and
 # ``dream_archive_exempt_types``, which have their own rules.
 _SCALARS: dict[str, _Rule] = {
     "gate_fidelity": _flag("gate_fidelity"),
@@ -213,7 +235,7 @@ _PROFILE_RULES: dict[str, _Rule] = {
     "stability_gain": _Rule("stability_gain", float, 1.0, 10.0),
 }
 
-_PATHS = frozenset({"decay_mode", "profiles", _EXEMPT_TYPES, *_SCALARS})
+_PATHS = frozenset({*_CHOICES, "profiles", _EXEMPT_TYPES, *_SCALARS})
 
 
 def settings_message(policy: ChannelPolicy) -> memory_pb2.ChannelSettings:
@@ -225,9 +247,9 @@ def settings_message(policy: ChannelPolicy) -> memory_pb2.ChannelSettings:
     profiles = [_profile_message(number, policy.profile(name)) for number, name in _TYPES]
     exempt = policy.dreams.archive_exempt_types
     values[_EXEMPT_TYPES] = [number for number, name in _TYPES if name in exempt]
-    return memory_pb2.ChannelSettings(
-        decay_mode=_MODE_NUMBERS[policy.decay_mode], profiles=profiles, **values
-    )
+    for name, choice in _CHOICES.items():
+        values[name] = choice.number(getattr(policy, name))
+    return memory_pb2.ChannelSettings(profiles=profiles, **values)
 
 
 def _value(policy: ChannelPolicy, name: str) -> Any:
@@ -261,8 +283,8 @@ def apply_settings(
     changes: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
     for path in _paths(mask):
-        if path == "decay_mode":
-            changes["decay_mode"] = _decay_mode(update.decay_mode)
+        if path in _CHOICES:
+            changes[path] = _CHOICES[path].name(path, getattr(update, path))
         elif path == "profiles":
             changes["profiles"] = _merge_profiles(current.profiles, update.profiles)
         elif path == _EXEMPT_TYPES:
@@ -308,15 +330,6 @@ def _paths(mask: FieldMask) -> list[str]:
     if unknown:
         raise InvalidArgumentError(f"update_mask: {unknown[0]!r} is not a ChannelSettings field")
     return list(dict.fromkeys(mask.paths))
-
-
-def _decay_mode(number: int) -> str:
-    mode = _MODE_NAMES.get(number)
-    if mode is None:
-        modes = ", ".join(full_name(_MODE_PREFIX, name) for name in DECAY_MODES)
-        name = enum_text(memory_pb2.DecayMode, number)
-        raise InvalidArgumentError(f"decay_mode: {name} is not one of {modes}")
-    return mode
 
 
 def _merge_profiles(

@@ -16,7 +16,13 @@ import numpy as np
 import numpy.typing as npt
 
 from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MemoryRecord
-from calor.server.thermo.heat import EXTRACTED_DECAY_FACTOR, MEMORY_TYPES, SOURCE_TRUST
+from calor.server.thermo.heat import (
+    EXTRACTED_DECAY_FACTOR,
+    MEMORY_TYPES,
+    SOURCE_TRUST,
+    decayed_array,
+    half_lives_until_array,
+)
 from calor.server.thermo.lifecycle import DAY, Clocks
 from calor.server.thermo.policy import ChannelPolicy
 
@@ -204,8 +210,8 @@ def heats_and_states(
     held = np.maximum(floor, batch.heat0)
     decays = ~batch.keystone & (elapsed > 0.0) & np.isfinite(half_life)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        decayed = np.maximum(floor, batch.heat0 * np.exp2(-elapsed / half_life))
-        heat = np.where(decays, decayed, held)
+        later = decayed_array(batch.heat0, np.maximum(elapsed / half_life, 0.0), policy.decay_curve)
+        heat = np.where(decays, np.maximum(floor, later), held)
         state = _states(batch, policy, clocks, floor, half_life, heat)
     return heat, state
 
@@ -227,9 +233,9 @@ def _states(
         & (floor < policy.cold_threshold)
     )
     # The floor moment on the wall clock (hybrid's half-life already carries utility).
-    until = np.where(
-        batch.heat0 <= floor, 0.0, half_life * np.log2(batch.heat0 / np.where(floor > 0, floor, 1))
-    )
+    level = np.where(floor > 0, floor, 1.0)
+    solved = half_life * half_lives_until_array(level, batch.heat0, policy.decay_curve)
+    until = np.where(batch.heat0 <= floor, 0.0, solved)
     migrate_at = np.where(migrates, batch.t0 + until + policy.cold_migration_days * DAY, np.inf)
     live = (batch.state == ACTIVE_CODE) | (batch.state == COLD_CODE)
     ghost = (floor == 0.0) & ~batch.keystone & (heat < policy.survival_gate)

@@ -66,7 +66,7 @@ def current_heat(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) ->
     if record.keystone:
         return max(floor, record.heat0)
     elapsed, half_life = _elapsed_and_half_life(record, policy, clocks)
-    return heat_at(record.heat0, elapsed, half_life, floor)
+    return heat_at(record.heat0, elapsed, half_life, floor, policy.decay_curve)
 
 
 def migrates(record: MemoryRecord, policy: ChannelPolicy) -> bool:
@@ -93,7 +93,7 @@ def migrate_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
     half_life = effective_half_life(profile, record.stability, record.source)
     if policy.decay_mode == "hybrid":
         half_life *= 1.0 + record.utility
-    at_floor = record.t0 + seconds_until(profile.floor, record.heat0, half_life)
+    at_floor = record.t0 + seconds_until(profile.floor, record.heat0, half_life, policy.decay_curve)
     return at_floor + policy.cold_migration_days * DAY
 
 
@@ -236,12 +236,14 @@ def next_change_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
     profile = policy.profile(record.memory_type)
     if record.state == ACTIVE and profile.floor < policy.cold_threshold:
         half_life = effective_half_life(profile, record.stability, record.source)
-        moments.append(record.t0 + seconds_until(policy.cold_threshold, record.heat0, half_life))
+        cold = seconds_until(policy.cold_threshold, record.heat0, half_life, policy.decay_curve)
+        moments.append(record.t0 + cold)
     if record.memory_type == "working":
         moments.append(record.created_at + policy.working_promotion_seconds)
     if profile.floor == 0.0:
         half_life = effective_half_life(profile, record.stability, record.source)
-        moments.append(record.t0 + seconds_until(policy.survival_gate, record.heat0, half_life))
+        gate = seconds_until(policy.survival_gate, record.heat0, half_life, policy.decay_curve)
+        moments.append(record.t0 + gate)
     return min(moments)
 
 
@@ -259,4 +261,4 @@ def crossing_at(record: MemoryRecord, policy: ChannelPolicy, level: float) -> fl
     half_life = effective_half_life(profile, record.stability, record.source)
     if policy.decay_mode == "hybrid":
         half_life *= 1.0 + record.utility
-    return record.t0 + seconds_until(level, record.heat0, half_life)
+    return record.t0 + seconds_until(level, record.heat0, half_life, policy.decay_curve)

@@ -150,6 +150,8 @@ class ChannelPolicy:
         decay_mode: ``time`` (wall clock), ``interaction`` (the channel's store and
             recall calls, each worth ``interaction_unit_seconds``) or ``hybrid`` (the
             larger of the two clocks, half-life stretched by ``1 + utility``).
+        decay_curve: The retention curve heat follows: ``exponential`` (DESIGN §3's
+            formula), ``huber`` or ``elastic`` (see :mod:`calor.server.thermo.heat`).
         weights: Recall score weights.
         boost_delta: Heat a recall (or a boost without a delta) adds.
         cold_threshold: Below it a memory is COLD.
@@ -185,6 +187,7 @@ class ChannelPolicy:
 
     profiles: dict[str, TypeProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
     decay_mode: str = "time"
+    decay_curve: str = "exponential"
     interaction_unit_seconds: float = 60.0
     weights: RecallWeights = field(default_factory=RecallWeights)
     boost_delta: float = 0.15
