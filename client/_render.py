@@ -53,6 +53,9 @@ def json_line(message: Message) -> str:
     return json.dumps(_document(message), ensure_ascii=False, separators=(",", ":"))
 
 
+_HOT_TEXT_CHARS = 72  # of each hottest memory's text in a status
+
+
 def _one_line(text: str) -> str:
     """Text with its runs of whitespace, newlines included, folded to single spaces."""
     return " ".join(text.split())
@@ -175,10 +178,15 @@ def listed(memories: list[memory_pb2.Memory], next_page_token: str = "") -> str:
 
 def identity(response: memory_service_pb2.IdentityResponse, channel: str) -> str:
     """A channel's status: totals, counts by state and type, heat, gates, conflicts."""
+    settings = response.settings
+    mode = short_name(memory_pb2.DecayMode, "DECAY_MODE_", settings.decay_mode or 1)
+    curve = short_name(memory_pb2.DecayCurve, "DECAY_CURVE_", settings.decay_curve or 1)
+    decay = f"{mode} mode, {curve} curve"
     rows = [
         ("channel", channel),
         ("memories", str(response.total)),
         ("heat", f"{response.channel_heat:.2f}"),
+        ("decay", decay),
         ("by state", _pairs(response.by_state, "MEMORY_STATE_")),
         ("by type", _pairs(response.by_type, "MEMORY_TYPE_")),
         ("gates", ", ".join(response.active_gates) or "none"),
@@ -186,6 +194,16 @@ def identity(response: memory_service_pb2.IdentityResponse, channel: str) -> str
     ]
     lines = [f"{label:<11}{value}" for label, value in rows]
     lines.extend(f"  {c.a_id} <> {c.b_id}: {c.reason}" for c in response.conflicts)
+    lines.append(f"{'hottest':<11}{'none' if not response.hottest else ''}".rstrip())
+    lines.extend(
+        f"  {hot.heat:.2f}  {hot.id}  {_one_line(hot.text)[:_HOT_TEXT_CHARS]}"
+        for hot in response.hottest
+    )
+    for rated in response.feedback:
+        if rated.hint:
+            lines.append(f"{'feedback':<11}{rated.hint}")
+    if response.feedback_summary:
+        lines.append(f"{'feedback':<11}{response.feedback_summary}")
     return "\n".join(lines)
 
 

@@ -74,6 +74,11 @@ def test_list_forget_and_status(calor: Run) -> None:
     status, out, _ = calor("status")
     assert status == 0
     assert "memories" in out and "by type" in out
+    assert "decay      time mode, exponential curve" in out
+    lines = out.splitlines()
+    hottest = lines.index("hottest")
+    # The one memory left (the other two are forgotten), with its heat and text.
+    assert lines[hottest + 1 :] == [f"  1.00  {ids[2]}  Third note."]
 
 
 def test_bad_tag_is_a_usage_error(calor: Run) -> None:

@@ -1405,12 +1405,19 @@ class IdentityResponse(_message.Message):
     CONSOLIDATION_SWEEPS_FIELD_NUMBER: _builtins.int
     INTERACTIONS_FIELD_NUMBER: _builtins.int
     FEEDBACK_FIELD_NUMBER: _builtins.int
+    HOTTEST_FIELD_NUMBER: _builtins.int
+    FEEDBACK_SUMMARY_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     channel_heat: _builtins.float
     consolidation_sweeps: _builtins.int
     """Consolidation sweeps run so far (one each time cold_count_trigger memories turned cold)."""
     interactions: _builtins.int
     """The channel's interaction clock: stores and recalls so far."""
+    feedback_summary: _builtins.str
+    """Plain language about recall quality over all rated types: that the settings are
+    working when every rated type was at least 90% helpful over 20 or more ratings;
+    empty while there is too little feedback to say (the per-type hints warn).
+    """
     @_builtins.property
     def by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -1425,6 +1432,10 @@ class IdentityResponse(_message.Message):
     def feedback(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeFeedback]:
         """Feedback on recalls over the last 30 days, per memory type."""
 
+    @_builtins.property
+    def hottest(self) -> _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]:
+        """The channel's hottest live memories (at most five), hottest first."""
+
     def __init__(
         self,
         *,
@@ -1438,10 +1449,12 @@ class IdentityResponse(_message.Message):
         consolidation_sweeps: _builtins.int = ...,
         interactions: _builtins.int = ...,
         feedback: _abc.Iterable[Global___TypeFeedback] | None = ...,
+        hottest: _abc.Iterable[_memory_pb2.Memory] | None = ...,
+        feedback_summary: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "interactions", b"interactions", "settings", b"settings", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "feedback_summary", b"feedback_summary", "hottest", b"hottest", "interactions", b"interactions", "settings", b"settings", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -232,6 +232,7 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
         channel_heat=status.channel_heat,
         consolidation_sweeps=status.sweeps,
         interactions=status.interactions,
+        hottest=[memory_message(hot.record, hot.heat) for hot in status.hottest],
     )
 
 

@@ -37,6 +37,7 @@ from calor.server.api.settings import settings_message
 from calor.server.api.wire import encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
+from calor.server.engine.feedback import feedback_summary
 from calor.server.engine.recall_log import ForeignHit
 from calor.server.engine.results import Current, Stored
 from calor.server.engine.share import shared_copy
@@ -294,6 +295,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         reply.settings.CopyFrom(settings_message(policy))
         tallies = await self._rt.run(self._rt.engine.feedback_by_type, channel)
         reply.feedback.extend(type_feedback(tallies))
+        reply.feedback_summary = feedback_summary(tallies)
         return reply
 
     @rpc_errors

@@ -10,7 +10,7 @@ it lives as long as its recall's entry in the log (:mod:`calor.server.engine.rec
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from calor.server.engine.recall_log import RETENTION_SECONDS, RecallEntry, since_id
@@ -23,6 +23,7 @@ __all__ = [
     "FeedbackEntry",
     "TypeTally",
     "feedback_entry",
+    "feedback_summary",
     "hint",
     "recent_feedback",
     "tally_by_type",
@@ -166,4 +167,27 @@ def hint(memory_type: str, tally: TypeTally) -> str:
     return (
         f"{memory_type} recalls are mostly {mostly} "
         f"({tally.helpful} of {tally.total} helpful); {advice}"
+    )
+
+
+WORKING_SHARE = 0.9
+"""Helpful share above which every rated type counts as working."""
+WORKING_RATINGS = 20
+"""Ratings a type needs before its share counts."""
+
+
+def feedback_summary(tallies: Mapping[str, TypeTally]) -> str:
+    """Plain language over every rated type: that the settings are working when each was
+    more than 90% helpful over at least 20 ratings; "" while that cannot be said."""
+    if not tallies or any(
+        tally.total < WORKING_RATINGS or tally.helpful_share <= WORKING_SHARE
+        for tally in tallies.values()
+    ):
+        return ""
+    rated = sum(tally.total for tally in tallies.values())
+    helpful = sum(tally.helpful for tally in tallies.values())
+    names = ", ".join(tallies)
+    return (
+        f"the settings are working: every rated type ({names}) was more than "
+        f"{WORKING_SHARE:.0%} helpful, {helpful} of {rated} rated recalls in all"
     )

@@ -207,7 +207,7 @@ def _links(
         members = hood.members(entity_key(entity))
         if len(members) > policy.ingest.entity_hub:
             continue  # named in so many memories it tells them apart no more than "the"
-        for other in members[-policy.entity_link_max :]:
+        for other in members[max(len(members) - policy.entity_link_max, 0) :]:  # [-0:] is all
             edges.setdefault((other, "entity"), Edge(record.id, other, "entity", 1.0))
     if record.session:
         last = hood.last(record.session)

@@ -50,7 +50,7 @@ from calor.server.errors import (
 from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.recall.ranking import Hit, rank_channel, recall_window
 from calor.server.recall.temporal import TimeWindow
-from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
+from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.gates import load_limit
@@ -282,17 +282,9 @@ class MemoryEngine:
         with changing(self._store, channel) as change:
             for record in due:
                 change.put(record)
-                if record.state in (COLD, ARCHIVED) and channel.records[record.id].state == ACTIVE:
-                    heat = current_heat(record, policy, clocks)
-                    change.log(
-                        memory_event(
-                            "on_decay",
-                            record,
-                            clocks.now,
-                            heat,
-                            threshold=repr(policy.cold_threshold),
-                        )
-                    )
+                before = channel.records[record.id].state
+                if record.state != before:
+                    change.log(_transition_event(record, before, policy, clocks))
             if state is not None:
                 change.set_state(state)
         if state is not None:
@@ -746,3 +738,15 @@ class MemoryEngine:
 def _rank_order(hit: Hit | ForeignHit) -> tuple[float, str]:
     """Where a hit ranks among a recall's hits (best first, ties by memory id)."""
     return hit.order if isinstance(hit, ForeignHit) else (-hit.score, hit.record.id)
+
+
+def _transition_event(
+    record: MemoryRecord, before: str, policy: ChannelPolicy, clocks: Clocks
+) -> EventRecord:
+    """The ``on_decay`` event of a state a memory reached by itself (COLD, cold storage,
+    ghost), at the moment it was reached, naming the state; leaving ACTIVE it names the
+    cold threshold it crossed too, as ever."""
+    crossed = {"threshold": repr(policy.cold_threshold)} if before == ACTIVE else {}
+    heat = current_heat(record, policy, clocks)
+    payload = {"state": record.state, **crossed}
+    return memory_event("on_decay", record, record.updated_at, heat, None, **payload)

@@ -20,6 +20,7 @@ from calor.server.engine.changes import Changes, changing, commit
 from calor.server.engine.channel import Channel
 from calor.server.engine.due import DueChannels
 from calor.server.engine.graphs import GraphBuilds
+from calor.server.engine.hottest import ranked_all
 from calor.server.engine.results import ChannelStatus, Current
 from calor.server.engine.states import RecordTable
 from calor.server.errors import NotFoundError
@@ -40,6 +41,7 @@ compressed vector (3.7 KB measured at 100,000 short memories), and its full reco
 while kept (a small channel keeps all of them; see ``states.RECORDS_CACHED``)."""
 # How long the background warm-up waits for calls in flight before each channel it loads
 # (so it still moves on under constant load), and how often it looks.
+_HOTTEST_SHOWN = 5  # the hottest memories a channel's status shows
 _YIELD_SECONDS = 0.1
 _YIELD_STEP = 0.002
 # References to a loaded view nobody holds: the registry's table, the loop's variable and
@@ -284,10 +286,12 @@ class ChannelRegistry:
             evolved = [live.evolved(r, clocks) for r in live.records.values()]
             heat = live.state.heat(live.policy, clocks.now)
             sweeps, interactions = live.state.sweeps, live.state.interactions
+            hottest = ranked_all(live, clocks)[:_HOTTEST_SHOWN]
+            shown = [live.current(live.records[memory_id], clocks) for memory_id in hottest]
         states = Counter(r.state for r in evolved)
         types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
-        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions)
+        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions, shown)
 
     def census(self) -> tuple[int, dict[str, int]]:
         """How many channels hold a memory that is not forgotten, and the memories of every

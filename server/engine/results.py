@@ -68,3 +68,5 @@ class ChannelStatus:
     channel_heat: float
     sweeps: int = 0
     interactions: int = 0
+    hottest: list[Current] = field(default_factory=list)
+    """The hottest live memories (at most five), hottest first."""

@@ -196,6 +196,7 @@ def heats_and_states(
     profiles = [policy.profile(name) for name in TYPES]
     codes = np.clip(batch.memory_type, 0, len(TYPES) - 1)
     floor = np.array([p.floor for p in profiles])[codes]
+    floor = np.where(batch.superseded, np.minimum(floor, policy.cold_threshold * 0.5), floor)
     half_life = np.array([p.half_life_seconds for p in profiles])[codes] * batch.stability
     half_life = np.where(batch.source == _EXTRACTED, half_life / EXTRACTED_DECAY_FACTOR, half_life)
     by_time = clocks.now - batch.t0

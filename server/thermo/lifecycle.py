@@ -27,6 +27,7 @@ __all__ = [
     "current_heat",
     "current_state",
     "evolve",
+    "floor_of",
     "migrate_at",
     "migrates",
     "next_change_at",
@@ -60,9 +61,17 @@ def _elapsed_and_half_life(
     return max(by_time, by_interactions), half_life * (1.0 + record.utility)
 
 
+def floor_of(record: MemoryRecord, policy: ChannelPolicy) -> float:
+    """The heat a memory does not decay below: its type's floor, but for settled history
+    (superseded or deprecated) at most half the cold threshold, so that it reads COLD
+    whatever its type and never outranks its successor by a floor alone."""
+    floor = policy.profile(record.memory_type).floor
+    return min(floor, policy.cold_threshold * 0.5) if record.superseded else floor
+
+
 def current_heat(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> float:
     """The memory's heat now; a keystone's heat is frozen at its last value."""
-    floor = policy.profile(record.memory_type).floor
+    floor = floor_of(record, policy)
     if record.keystone:
         return max(floor, record.heat0)
     elapsed, half_life = _elapsed_and_half_life(record, policy, clocks)
@@ -75,7 +84,7 @@ def migrates(record: MemoryRecord, policy: ChannelPolicy) -> bool:
     Only types whose floor lies below the cold threshold do; ``core`` and keystones
     never do, and floor-0 types become GHOSTs instead.
     """
-    floor = policy.profile(record.memory_type).floor
+    floor = floor_of(record, policy)
     return (
         not record.keystone and record.memory_type != "core" and 0.0 < floor < policy.cold_threshold
     )
@@ -93,7 +102,8 @@ def migrate_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
     half_life = effective_half_life(profile, record.stability, record.source)
     if policy.decay_mode == "hybrid":
         half_life *= 1.0 + record.utility
-    at_floor = record.t0 + seconds_until(profile.floor, record.heat0, half_life, policy.decay_curve)
+    floor = floor_of(record, policy)
+    at_floor = record.t0 + seconds_until(floor, record.heat0, half_life, policy.decay_curve)
     return at_floor + policy.cold_migration_days * DAY
 
 
@@ -126,7 +136,7 @@ def evolve(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> Memor
         return record
     evolved = _promoted(record, policy, clocks)
     heat = current_heat(evolved, policy, clocks)
-    floor = policy.profile(evolved.memory_type).floor
+    floor = floor_of(evolved, policy)
     if floor == 0.0 and not evolved.keystone and heat < policy.survival_gate:
         state = GHOST
     elif clocks.now >= migrate_at(evolved, policy):
@@ -135,10 +145,29 @@ def evolve(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> Memor
         state = COLD if heat < policy.cold_threshold else ACTIVE
     if state == evolved.state:
         return evolved
+    changed_at = max(record.updated_at, _transition_at(evolved, state, policy, clocks))
     if evolved is record:
-        return replace(record, state=state)
-    evolved.state = state
+        return replace(record, state=state, updated_at=changed_at)
+    evolved.state, evolved.updated_at = state, changed_at
     return evolved
+
+
+def _transition_at(
+    record: MemoryRecord, state: str, policy: ChannelPolicy, clocks: Clocks
+) -> float:
+    """When a record that decays untouched reached ``state``: the solved moment on the wall
+    clock (so every read of it, persisted or not, says the same), else now."""
+    if state == ARCHIVED:
+        moment: float | None = migrate_at(record, policy)
+    elif state == COLD:
+        moment = crossing_at(record, policy, policy.cold_threshold)
+    elif state == GHOST:
+        moment = crossing_at(record, policy, policy.survival_gate)
+    else:
+        moment = None  # back to ACTIVE: a setting changed under it
+    if moment is None or not math.isfinite(moment):
+        return clocks.now
+    return min(moment, clocks.now)
 
 
 def current_state(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> str:
@@ -179,7 +208,7 @@ def apply_boost(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, del
 
 def apply_cooling(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
     """Superseded: materialise heat and lower it to half the cold threshold at most, so
-    the memory reads COLD unless its type's floor holds it higher."""
+    the memory reads COLD (settled history's floor is no higher: see :func:`floor_of`)."""
     heat = _materialise(record, policy, clocks)
     record.heat0 = min(heat, policy.cold_threshold * 0.5)
 
@@ -234,13 +263,14 @@ def next_change_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
         return math.inf
     moments = [migrate_at(record, policy)]
     profile = policy.profile(record.memory_type)
-    if record.state == ACTIVE and profile.floor < policy.cold_threshold:
+    floor = floor_of(record, policy)
+    if record.state == ACTIVE and floor < policy.cold_threshold:
         half_life = effective_half_life(profile, record.stability, record.source)
         cold = seconds_until(policy.cold_threshold, record.heat0, half_life, policy.decay_curve)
         moments.append(record.t0 + cold)
     if record.memory_type == "working":
         moments.append(record.created_at + policy.working_promotion_seconds)
-    if profile.floor == 0.0:
+    if floor == 0.0:
         half_life = effective_half_life(profile, record.stability, record.source)
         gate = seconds_until(policy.survival_gate, record.heat0, half_life, policy.decay_curve)
         moments.append(record.t0 + gate)
@@ -254,7 +284,7 @@ def crossing_at(record: MemoryRecord, policy: ChannelPolicy, level: float) -> fl
     level, heat already at or below it, or a channel whose decay runs on interactions.
     """
     profile = policy.profile(record.memory_type)
-    if record.keystone or profile.floor >= level or record.state not in _LIVE:
+    if record.keystone or floor_of(record, policy) >= level or record.state not in _LIVE:
         return None
     if record.heat0 <= level or policy.decay_mode == "interaction":
         return None
