@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from calor.models._lexicon import DATE, MAX_SCAN_CHARS, word_set
 
-__all__ = ["MAX_SCAN_CHARS", "entity_key", "extract_entities"]
+__all__ = ["MAX_SCAN_CHARS", "entity_key", "extract_entities", "read_entities"]
 
 _MAX_ENTITY_CHARS = 120
 _MAX_NAME_WORDS = 6  # longer capitalised runs are headings or shouting, not names
@@ -78,6 +78,7 @@ _COMMON = _FUNCTION | word_set(
     "particular latest earliest fine ready done",
 )
 _CONNECTORS = word_set("of de da di du del der van von la le y &")
+_DETERMINERS = word_set("a an the this that these those")
 _HONORIFICS = word_set("dr mr mrs ms prof st sr jr mt")
 _NOT_NAME_SUFFIX = re.compile(
     r"(?:ing|ed|ly|tion|sion|ment|ness|ity|ies|ous|ive|ful|less|able|ible|ism|ence|ance|ical|"
@@ -114,6 +115,8 @@ _CAPWORD = re.compile(r"[A-Z][A-Za-z0-9]*+(?:['’&.-][A-Za-z0-9]++)*+")
 _TITLE_WORD = re.compile(r"[A-Z][a-z]++")
 _BULLET = re.compile(r"[-*•]|\d{1,3}[.)]")
 _SPACE_RUN = re.compile(r"\s++")
+# What a Share puts before the copied text: where it came from, not what it names.
+_SHARED_PREFIX = re.compile(r"\A\s*\[Shared by [^\]\n]*\]")
 _DIGIT_UNIT_GAP = re.compile(r"(?<=\d)\s++(?=[^\W\d_])")
 
 _LEADING = "\"'([{<“‘*"
@@ -214,10 +217,10 @@ class _Run:
         self.pending.clear()
         self.words.append(word)
 
-    def flush(self, out: list[tuple[int, str]]) -> None:
-        name = _name(self.words, self.initial)
-        if name is not None:
-            out.append((self.start, name))
+    def flush(self, out: list[tuple[int, str, bool]]) -> None:
+        named = _name(self.words, self.initial)
+        if named is not None:
+            out.append((self.start, *named))
         self.words = []
         self.pending.clear()
 
@@ -234,12 +237,17 @@ def _lone_word_is_name(word: str) -> bool:
     return _NOT_NAME_SUFFIX.search(lowered) is None
 
 
-def _name(words: list[str], initial: bool) -> str | None:
-    """The display form of a capitalised run, or None when it is not a name."""
+def _name(words: list[str], initial: bool) -> tuple[str, bool] | None:
+    """The display form of a capitalised run and whether it only opens a sentence (a
+    lone word that may be capitalised for that alone); None when it is not a name.
+    Leading determiners go ("The Crown" is "Crown"), and at a sentence's start every
+    leading function word ("After Berlin" is "Berlin")."""
     dropped = 0
-    if initial:
-        while dropped < len(words) and words[dropped].casefold() in _FUNCTION:
-            dropped += 1
+    while dropped < len(words) and (
+        words[dropped].casefold() in _DETERMINERS
+        or (initial and words[dropped].casefold() in _FUNCTION)
+    ):
+        dropped += 1
     words = words[dropped:]
     if not words or len(words) > _MAX_NAME_WORDS:
         return None
@@ -247,9 +255,11 @@ def _name(words: list[str], initial: bool) -> str | None:
     lowered = [word.casefold().rstrip(".") for word in words]
     if all(word in _FUNCTION or word in _CONNECTORS or word in _HONORIFICS for word in lowered):
         return None  # weekday or month alone, a capitalised "Please", a bare "Dr."
-    if initial and dropped == 0 and len(words) == 1 and not _lone_word_is_name(words[0]):
+    opener = initial and dropped == 0 and len(words) == 1
+    if opener and not _lone_word_is_name(words[0]):
         return None
-    return " ".join(words)[:_MAX_ENTITY_CHARS]
+    unambiguous = words[0].isupper() or any(ch.isdigit() for ch in words[0])
+    return " ".join(words)[:_MAX_ENTITY_CHARS], opener and not unambiguous
 
 
 def _split_token(raw: str) -> tuple[str, str, str]:
@@ -263,9 +273,10 @@ def _split_token(raw: str) -> tuple[str, str, str]:
     return lead, stripped, tail
 
 
-def _token_entities(text: str) -> Iterator[tuple[int, str]]:
-    """Code tokens and capitalised names, scanning the (masked) text token by token."""
-    names: list[tuple[int, str]] = []
+def _token_entities(text: str) -> Iterator[tuple[int, str, bool]]:
+    """Code tokens and capitalised names, scanning the (masked) text token by token:
+    (position, entity, whether it is a lone word that only opens a sentence)."""
+    names: list[tuple[int, str, bool]] = []
     run = _Run()
     at_start = True
     after_abbreviation = False
@@ -287,7 +298,7 @@ def _token_entities(text: str) -> Iterator[tuple[int, str]]:
         code = _code_token(core) if core else None
         if code is not None:
             run.flush(names)
-            yield position + len(lead), code[:_MAX_ENTITY_CHARS]
+            yield position + len(lead), code[:_MAX_ENTITY_CHARS], False
         elif core in ("I", "I'm", "I'd", "I've", "I'll") or not core:
             run.flush(names)
         elif _CAPWORD.fullmatch(core):
@@ -313,30 +324,47 @@ def _token_entities(text: str) -> Iterator[tuple[int, str]]:
     yield from names
 
 
-def extract_entities(text: str) -> list[str]:
-    """The named things a memory mentions, for entity edges and entity cards.
+def read_entities(text: str) -> list[tuple[str, bool]]:
+    """The named things a memory mentions, each with whether it is only a candidate.
 
     Finds people, places and organisations (capitalised runs such as "Ada Lovelace" or
-    "Acme Corp", skipping words capitalised only because they open a sentence), emails,
-    URLs, dates, quantities with units ("12 percent", "$300", "3.5 GB", "10am") and code
-    identifiers (backticked spans, paths, dotted module names, snake_case, camelCase, CLI
-    flags). Only the first `MAX_SCAN_CHARS` characters are read.
-
-    Args:
-        text: The memory's text.
+    "Acme Corp", without leading determiners), emails, URLs, dates, quantities with units
+    ("12 percent", "$300", "3.5 GB", "10am") and code identifiers (backticked spans,
+    paths, dotted module names, snake_case, camelCase, CLI flags). A lone capitalised word
+    that opens a sentence ("Invoices are due", "Alice moved") may be capitalised for that
+    alone: it comes as a candidate (True), a name only where the word is known as one
+    (see :func:`extract_entities`); acronyms and product codes (HNSW, BM25) are names
+    wherever they stand. A share's ``[Shared by CHANNEL]`` prefix is not read. Only the
+    first `MAX_SCAN_CHARS` characters are read.
 
     Returns:
-        Entities in order of first appearance, deduplicated by `entity_key`; names keep
-        their case, emails are lower-cased.
+        (entity, candidate) in order of first appearance, deduplicated by `entity_key`
+        (a name that also appears mid-sentence is no candidate); names keep their case,
+        emails are lower-cased.
     """
-    found, masked = _spans(text[:MAX_SCAN_CHARS])
-    found.extend(_token_entities(masked))
-    found.sort(key=lambda item: item[0])
+    text = _SHARED_PREFIX.sub(lambda prefix: " " * len(prefix.group()), text[:MAX_SCAN_CHARS])
+    found, masked = _spans(text)
+    every = [(position, entity, False) for position, entity in found]
+    every.extend(_token_entities(masked))
+    every.sort(key=lambda item: item[0])
+    confirmed = {entity_key(entity) for _, entity, candidate in every if not candidate}
     seen: set[str] = set()
-    entities: list[str] = []
-    for _, entity in found:
+    entities: list[tuple[str, bool]] = []
+    for _, entity, candidate in every:
         key = entity_key(entity)
         if key and key not in seen:
             seen.add(key)
-            entities.append(entity.strip())
+            entities.append((entity.strip(), candidate and key not in confirmed))
     return entities
+
+
+def extract_entities(text: str, known: Callable[[str], bool] | None = None) -> list[str]:
+    """The named things a memory mentions, for entity edges and entity cards
+    (:func:`read_entities`): a candidate counts only when ``known`` says its
+    `entity_key` names something already (seen capitalised mid-sentence elsewhere in the
+    channel, say); without ``known``, never."""
+    return [
+        entity
+        for entity, candidate in read_entities(text)
+        if not candidate or (known is not None and known(entity_key(entity)))
+    ]

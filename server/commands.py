@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from calor.models.entities import extract_entities
+from calor.models.entities import entity_key, extract_entities, read_entities
 from calor.models.text import classify_type
 from calor.models.valence import valence
 from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
@@ -25,16 +26,22 @@ TagFilter = tuple[tuple[str, str], ...]
 @dataclass(frozen=True)
 class TextReading:
     """What a memory's text says by itself, whichever channel it goes to: the type it
-    reads as, the entities it names and its valence (see :func:`read_text`)."""
+    reads as, the entities it names (each with whether it is only a candidate, see
+    :func:`~calor.models.entities.read_entities`) and its valence (see :func:`read_text`)."""
 
     memory_type: str
-    entities: list[str]
+    names: list[tuple[str, bool]]
     valence: float
+
+    def entities(self, known: Callable[[str], bool]) -> list[str]:
+        """The entities it names in a channel where ``known`` tells which entity keys name
+        something already: a candidate counts only there."""
+        return [name for name, candidate in self.names if not candidate or known(entity_key(name))]
 
 
 def read_text(text: str, memory_type: str | None = None) -> TextReading:
     """Read a text for storing; ``memory_type`` given is kept, else the text is classified."""
-    return TextReading(memory_type or classify_type(text), extract_entities(text), valence(text))
+    return TextReading(memory_type or classify_type(text), read_entities(text), valence(text))
 
 
 @dataclass(frozen=True)
@@ -126,14 +133,17 @@ class UpdateChange:
     supersedes: str = ""
     clear_merge: bool = False
 
-    def apply(self, record: MemoryRecord, now: float) -> None:
-        """Apply the correction to a (copied) record; a restored merge starts warm again."""
+    def apply(
+        self, record: MemoryRecord, now: float, known: Callable[[str], bool] | None = None
+    ) -> None:
+        """Apply the correction to a (copied) record; a restored merge starts warm again.
+        ``known`` tells which entity keys name something in the channel already."""
         if self.clear_merge and record.state == MERGED:
             record.state, record.merged_into = ACTIVE, ""
             record.heat0, record.t0 = 1.0, now
         if self.text is not None:
             record.text = self.text
-            record.entities = extract_entities(self.text)
+            record.entities = extract_entities(self.text, known)
         if self.memory_type is not None:
             record.memory_type = self.memory_type
         if self.tags is not None:

@@ -99,7 +99,9 @@ def test_a_store_whose_commit_failed_leaves_no_trace_that_later_stores_link_to(
     embedder: OnnxEmbedder, opened: MemoryStore
 ) -> None:
     engine = MemoryEngine.open(opened, ManualClock(START), ChannelPolicy())
-    [first] = put(engine, embedder, "Zorblax repaired the boiler.", tags={"session": "s1"})
+    [first] = put(
+        engine, embedder, "Our plumber Zorblax repaired the boiler.", tags={"session": "s1"}
+    )
     crashing = CrashAfter(opened, budget=0)
     engine._storing._store = crashing  # type: ignore[assignment]
     with pytest.raises(OSError):

@@ -361,14 +361,14 @@ def test_a_dropped_channel_is_written_again_from_empty(
 ) -> None:
     said = ("sailed in June", "owns a red boat", "fears storms", "sings at dawn", "likes rye")
     for fact in said:
-        store(memories, channel_name, f"Zorblax {fact}.")
+        store(memories, channel_name, f"Our friend Zorblax {fact}.")
     ask = pb.ContextRequest(channel=channel_name, message="What do we know about Zorblax?")
     card = pb.EntityCardRequest(channel=channel_name, entity="Zorblax")
     assert "June" in memories.Context(ask).block and "June" in memories.EntityCard(card).card
     assert memories.DropChannel(pb.DropChannelRequest(channel=channel_name)).dropped == 5
 
     now = ("sails in August", "owns a blue kayak", "loves storms", "hums at dusk", "likes oats")
-    fresh = {store(memories, channel_name, f"Zorblax {fact}.").id for fact in now}
+    fresh = {store(memories, channel_name, f"Our friend Zorblax {fact}.").id for fact in now}
     assert total(memories, channel_name) == 5
     listed = memories.ListMemories(pb.ListMemoriesRequest(channel=channel_name)).memories
     assert {m.id for m in listed} == fresh

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from calor.models.entities import extract_entities
 from calor.server.errors import FailedPreconditionError, InvalidArgumentError
 from calor.server.ids import new_id
 from calor.server.records import MemoryRecord
@@ -168,6 +169,13 @@ def _records(count: int = 200) -> list[MemoryRecord]:
                 **_state(rng, index, ids),  # type: ignore[arg-type]
             )
         )
+        # As a store reads them; now and then with a name only the channel knew as one
+        # (a word that opens a sentence), which the text alone does not say.
+        text = records[-1].text
+        known = (lambda key: True) if index % 5 == 0 else None
+        records[-1].entities = extract_entities(text, known) + (
+            ["Ölmühle"] if index % 9 == 0 else []
+        )
     return records
 
 
@@ -226,6 +234,9 @@ def _assert_matches(parsed: ParsedMemory, record: MemoryRecord) -> None:
         merged_into=record.merged_into,
         merged_from=tuple(record.merged_from),
         updated_at=record.updated_at,
+        entities=None
+        if record.entities == extract_entities(record.text)
+        else tuple(record.entities),
     )
 
 
@@ -320,6 +331,7 @@ def test_the_format_reads_like_the_example() -> None:
         importance=0.62,
         provenance={"from": "chat"},
         interactions0=5,
+        entities=["EpiPen"],
     )
     assert render_header("agent-7", MARCH_1 + 0.25, 1) == (
         "# Calor export: agent-7\n\nExported 2026-03-01T09:00:00.25Z · 1 memory\n\n"

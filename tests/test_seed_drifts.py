@@ -161,3 +161,28 @@ def test_status_shows_the_hottest_memories_the_decay_and_working_feedback(
         identity = stub.Identity(pb.IdentityRequest(channel="status"))
         assert "settings are working" in identity.feedback_summary
         assert all(not rated.hint for rated in identity.feedback)
+
+
+def test_a_name_that_opens_a_sentence_counts_where_the_channel_knows_it(
+    memories: MemoryServiceStub,
+) -> None:
+    alone = store(memories, "names-new", "Marguerite starts on Monday.")
+    assert list(alone.entities) == [], "capitalised only because it opens the sentence?"
+    assert list(store(memories, "names-new", "Invoices are due on Friday.").entities) == []
+    hired = store(memories, "names-known", "We hired Marguerite as the new designer.")
+    starts = store(memories, "names-known", "Marguerite starts on Monday.")
+    assert list(starts.entities) == ["Marguerite"]
+    edges = {(e.to_id, e.kind) for e in inspect(memories, "names-known", starts.id).edges}
+    assert (hired.id, memory_pb2.EDGE_KIND_ENTITY) in edges
+    shared = memories.Share(
+        pb.ShareRequest(channel="names-known", id=hired.id, target_channel="names-shared")
+    ).memory
+    assert shared.text.startswith("[Shared by names-known]")
+    assert list(shared.entities) == ["Marguerite"]  # not the channel the prefix names
+    # An export carries what the text alone does not say, so an import elsewhere agrees.
+    document = "".join(
+        chunk.markdown for chunk in memories.Export(pb.ExportRequest(channel="names-known"))
+    )
+    memories.Import(iter([pb.ImportRequest(channel="names-copy", markdown=document)]))
+    copy = inspect(memories, "names-copy", starts.id).memory
+    assert list(copy.entities) == ["Marguerite"]

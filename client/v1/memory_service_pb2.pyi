@@ -1148,6 +1148,9 @@ class DreamResponse(_message.Message):
     CHANNEL_HEAT_AFTER_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
     CONFLICTS_UNOPENED_FIELD_NUMBER: _builtins.int
+    SWEPT_FIELD_NUMBER: _builtins.int
+    ARCHIVED_IDS_FIELD_NUMBER: _builtins.int
+    MERGED_IDS_FIELD_NUMBER: _builtins.int
     migrated: _builtins.int
     merged: _builtins.int
     keystoned: _builtins.int
@@ -1161,6 +1164,16 @@ class DreamResponse(_message.Message):
     duration_ms: _builtins.int
     conflicts_unopened: _builtins.int
     """Conflicts the dream saw but did not open: over the channel's dream_max_conflicts."""
+    swept: _builtins.int
+    """Of archived: the coldest a consolidation sweep moved to cold storage so that the
+    channel holds fewer cold memories than its cold_count_trigger.
+    """
+    @_builtins.property
+    def archived_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Each memory moved to cold storage, and each merged into another (not the survivors)."""
+
+    @_builtins.property
+    def merged_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -1176,10 +1189,13 @@ class DreamResponse(_message.Message):
         channel_heat_after: _builtins.float = ...,
         duration_ms: _builtins.int = ...,
         conflicts_unopened: _builtins.int = ...,
+        swept: _builtins.int = ...,
+        archived_ids: _abc.Iterable[_builtins.str] | None = ...,
+        merged_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "archived_ids", b"archived_ids", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "merged_ids", b"merged_ids", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned", "swept", b"swept"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -239,7 +239,8 @@ class ContextBuilder:
         """The memories of the entities a message names: each entity's card when it has
         one, else the latest memories naming it."""
         ids: list[str] = []
-        for entity in extract_entities(message)[:_ENTITIES]:
+        known = channel.entity_members.__contains__  # "Alice called." names Alice if known
+        for entity in extract_entities(message, known)[:_ENTITIES]:
             key = entity_key(entity)
             card = self._cards.card(channel, key)
             if card is not None:

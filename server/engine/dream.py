@@ -10,9 +10,10 @@ changed, a dream reports zero changes.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -51,10 +52,16 @@ class DreamReport:
     channel_heat_before: float = 0.0
     channel_heat_after: float = 0.0
     duration_ms: int = 0
+    swept: int = 0
+    """Of ``archived``: the coldest that a consolidation sweep moved to cold storage so the
+    channel holds fewer cold memories than its ``cold_count_trigger``."""
+    archived_ids: list[str] = field(default_factory=list)
+    merged_ids: list[str] = field(default_factory=list)
+    """The memories merged into another (each cluster's survivor is not among them)."""
 
     def payload(self) -> dict[str, str]:
-        """The report as event payload fields."""
-        return {k: str(v) for k, v in self.__dict__.items()}
+        """The report as event payload fields (lists of ids comma-joined)."""
+        return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in self.__dict__.items()}
 
 
 class Dreamer:
@@ -97,10 +104,16 @@ class Dreamer:
                 if all(_live(channel, i) for i in cluster):
                     self._absorb(channel, cluster[0], cluster[1:], policy, clocks)
                     report.merged += len(cluster) - 1
+                    report.merged_ids.extend(cluster[1:])
         with channel.lock:
             report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
             report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
-            report.archived = self._archive(channel, policy, clocks)
+            report.archived_ids = self._archive(channel, policy, clocks)
+            if cold_only:
+                swept = self._sweep(channel, policy, clocks)
+                report.swept = len(swept)
+                report.archived_ids += swept
+            report.archived = len(report.archived_ids)
             state = replace(channel.state)
             state.cool(policy, clocks.now)
             report.channel_heat_after = state.heat(policy, clocks.now)
@@ -109,8 +122,8 @@ class Dreamer:
                 kind="dream",
                 channel=channel.name,
                 at=clocks.now,
-                message="dream",
-                payload=report.payload(),
+                message="consolidation sweep" if cold_only else "dream",
+                payload={**report.payload(), "sweep": str(cold_only).lower()},
             )
             with changing(self._store, channel) as change:
                 change.set_state(state)
@@ -309,7 +322,27 @@ class Dreamer:
                 change.forget(ghost, clocks.now)
         return len(echoes), len(doomed)
 
-    def _archive(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> int:
+    def _sweep(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> list[str]:
+        """Move the coldest COLD memories (not keystones, not core) to cold storage until
+        the channel holds fewer than ``cold_count_trigger`` cold ones; their ids, coldest
+        first."""
+        cold = channel.records.ids_in((COLD,))
+        excess = len(cold) - (policy.cold_count_trigger - 1)
+        if excess <= 0:
+            return []
+        movable = [
+            (current_heat(record, policy, clocks), memory_id)
+            for memory_id in cold
+            if not (record := channel.records[memory_id]).keystone and record.memory_type != "core"
+        ]
+        coldest = [memory_id for _, memory_id in heapq.nsmallest(excess, movable)]
+        moved = [
+            replace(channel.records[i], state=ARCHIVED, updated_at=clocks.now) for i in coldest
+        ]
+        self._write(channel, moved)
+        return coldest
+
+    def _archive(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> list[str]:
         dreams = policy.dreams
         old = [
             replace(r, state=ARCHIVED, updated_at=clocks.now)
@@ -323,7 +356,7 @@ class Dreamer:
             and r.recall_count < dreams.archive_recalls
         ]
         self._write(channel, old)
-        return len(old)
+        return [record.id for record in old]
 
 
 def _promoted_type(record: MemoryRecord, dreams: DreamThresholds) -> str | None:

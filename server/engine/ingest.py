@@ -176,7 +176,7 @@ def _one(
         importance=importance,
         keystone=item.keystone,
         tags=dict(item.tags),
-        entities=list(reading.entities),
+        entities=reading.entities(lambda key: bool(hood.members(key))),
         source=item.source,
         confidence=item.confidence,
         provenance=provenance,

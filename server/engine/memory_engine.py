@@ -493,7 +493,7 @@ class MemoryEngine:
                 if older.state == DELETED:
                     raise NotFoundError(f"supersedes: memory {older.id} was forgotten")
             changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
-            change.apply(changed, clocks.now)
+            change.apply(changed, clocks.now, lambda key: bool(live.entity_members.get(key)))
             if older is not None:
                 mark_superseded(older, changed, policy, clocks)
             survivor = None

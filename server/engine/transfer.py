@@ -287,7 +287,7 @@ def _reproduced(
         keystone=parsed.keystone,
         state=state.state,
         tags=_renamed_values(parsed.tags, _ID_TAGS, renamed),
-        entities=extract_entities(parsed.text),
+        entities=extract_entities(parsed.text) if state.entities is None else list(state.entities),
         source=source,
         confidence=parsed.confidence or "observed",
         provenance=_renamed_values(parsed.provenance, _ID_PROVENANCE, renamed),

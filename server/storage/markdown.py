@@ -55,8 +55,10 @@ same state) instead of storing it anew. Of :class:`~calor.server.records.MemoryR
 - ``interactions0`` as ``interactions_since_t0``: the channel's interaction count is the
   channel's own, so what is carried is the memory's age on that clock, rebased on the
   channel it is imported into;
-- not carried: ``channel`` (the import names it); ``entities``, which the extractor reads
-  from the text alone (re-read on import, they cannot disagree with the text); and
+- ``entities`` only when they are not what the extractor reads from the text alone (a
+  word that opens a sentence, taken as a name because the channel knew it from
+  elsewhere); otherwise they are read again on import;
+- not carried: ``channel`` (the import names it); and
   ``idempotency_key``, which answers retries of one store call in the channel it was
   made in, and in another channel could only claim a key its own clients use.
 
@@ -82,6 +84,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from calor.models.entities import extract_entities
 from calor.server.commands import NewMemory
 from calor.server.errors import InvalidArgumentError
 from calor.server.records import MemoryRecord
@@ -89,6 +92,7 @@ from calor.server.storage.markdown_memory import CarriedState, LinkTo
 from calor.server.storage.markdown_reader import MarkdownReader, ParsedMemory
 from calor.server.storage.markdown_values import (
     format_edges,
+    format_names,
     format_number,
     format_tags,
     format_text,
@@ -188,6 +192,11 @@ def _state_lines(record: MemoryRecord, edges: Sequence[Edge], interactions: int)
         ("merged_into", record.merged_into, record.merged_into),
         ("merged_from", record.merged_from, ", ".join(record.merged_from)),
         ("edges", edges, format_edges(edges)),
+        (
+            "entities",
+            record.entities != extract_entities(record.text),
+            format_names(record.entities),
+        ),
     ]
     lines += [f"- {key}: {text}" for key, present, text in optional if present]
     return lines

@@ -21,6 +21,7 @@ from calor.server.storage.markdown_values import (
     parse_ids,
     parse_importance,
     parse_integer,
+    parse_names,
     parse_signed_unit,
     parse_source,
     parse_stability,
@@ -60,6 +61,8 @@ class CarriedState:
         merged_into: The memory a dream merged it into.
         merged_from: The memories a dream merged into it.
         updated_at: When it last changed, or None for the moment of import.
+        entities: The entities it names, when they are not what its text alone reads
+            (names its channel knew from elsewhere); None to read them from the text.
     """
 
     heat0: float
@@ -79,6 +82,7 @@ class CarriedState:
     merged_into: str = ""
     merged_from: tuple[str, ...] = ()
     updated_at: float | None = None
+    entities: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ _STATE: dict[str, _Key] = {
     "merged_from": ("merged_from", parse_ids),
     "updated": ("updated_at", parse_time),
     "updated_at": ("updated_at", parse_time),
+    "entities": ("entities", parse_names),
 }
 
 

@@ -102,6 +102,11 @@ def format_text(value: str) -> str:
     return _escape_tag(value)
 
 
+def format_names(names: Iterable[str]) -> str:
+    """Free-text names (entities) separated by commas, each escaped as a tag value is."""
+    return ", ".join(_escape_tag(name) for name in names)
+
+
 def format_edges(edges: Iterable[Edge]) -> str:
     """Edges as ``TO_ID kind weight``, separated by commas."""
     return ", ".join(f"{e.to_id} {e.kind} {format_number(e.weight)}" for e in edges)
@@ -335,6 +340,11 @@ def _trimmed(chars: list[tuple[str, bool]]) -> str:
 def parse_text(value: str) -> str:
     """One free-text value, escaped as :func:`format_text` writes it."""
     return _trimmed(_unescape(value))
+
+
+def parse_names(value: str) -> tuple[str, ...]:
+    """Names as :func:`format_names` writes them (blank items skipped)."""
+    return tuple(name for item in _split(_unescape(value), ",") if (name := _trimmed(item)))
 
 
 def parse_tags(value: str) -> dict[str, str]:
