@@ -89,6 +89,7 @@ def _forget(client: CalorClient, args: argparse.Namespace) -> _Output:
         states=args.state,
         tags=dict(args.tag),
         created_before=args.before,
+        reject=args.reject,
     )
     plural = "memory" if count == 1 else "memories"
     return memory_service_pb2.ForgetResponse(forgotten=count), f"forgot {count} {plural}"
@@ -228,7 +229,7 @@ def add_recall_command(commands: _Commands, shared: argparse.ArgumentParser) -> 
 
 
 def add_forget_command(commands: _Commands, shared: argparse.ArgumentParser) -> None:
-    """Add ``calor forget [ID …] [--type|--state|--tag|--before]``."""
+    """Add ``calor forget [ID …] [--type|--state|--tag|--before] [--reject]``."""
     forget = _adder(commands, shared)(
         "forget",
         _forget,
@@ -249,6 +250,12 @@ def add_forget_command(commands: _Commands, shared: argparse.ArgumentParser) -> 
         type=moment,
         metavar="DATE",
         help="every memory created at or before this time (ISO 8601; UTC if no zone)",
+    )
+    forget.add_argument(
+        "--reject",
+        action="store_true",
+        help="and do not learn them again: keep each one's embedding (not its text), so a "
+        "later store close to it is marked resembles_rejected and loses importance",
     )
 
 

@@ -304,7 +304,11 @@ class ForgetOptions(TypedDict, total=False):
 
 
 def forget_request(
-    channel: str, ids: str | Iterable[str], /, **options: Unpack[ForgetOptions]
+    channel: str,
+    ids: str | Iterable[str],
+    /,
+    reject: bool = False,
+    **options: Unpack[ForgetOptions],
 ) -> memory_service_pb2.ForgetRequest:
     """The ``ForgetRequest`` for one id or many, and a filter when one is given.
 
@@ -312,7 +316,7 @@ def forget_request(
     """
     check_options(options, ForgetOptions.__optional_keys__)
     request = memory_service_pb2.ForgetRequest(
-        channel=channel, ids=[ids] if isinstance(ids, str) else list(ids)
+        channel=channel, ids=[ids] if isinstance(ids, str) else list(ids), reject=reject
     )
     spec = memory_service_pb2.ForgetFilter(
         memory_types=[parse_type(t) for t in options.get("memory_types", ())],

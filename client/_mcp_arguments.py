@@ -156,6 +156,11 @@ class ForgetArguments(Arguments):
     ids: list[NonEmpty] = Field(
         min_length=1, max_length=1000, description="The ids of the memories to forget."
     )
+    reject: bool = Field(
+        default=False,
+        description="Also keep them from being learned again: a later memory that says "
+        "nearly the same is marked resembles_rejected and stored with less importance.",
+    )
 
 
 class KeystoneArguments(IdArguments):

@@ -128,7 +128,7 @@ async def _inspect(calor: AsyncCalorClient, a: IdArguments) -> Reply:
 
 
 async def _forget(calor: AsyncCalorClient, a: ForgetArguments) -> Reply:
-    count = await calor.forget(a.ids, channel=a.channel)
+    count = await calor.forget(a.ids, channel=a.channel, reject=a.reject)
     return Reply(f"forgot {_count(count, 'memory', 'memories')}", {"forgotten": count})
 
 
@@ -336,7 +336,8 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "memory_forget",
         "Forget memories",
         "Forget memories by id, for good: they are no longer recalled. Use it for what is "
-        "wrong or what the user asks to be forgotten. Returns how many were forgotten.",
+        "wrong or what the user asks to be forgotten; with reject, what they said is not "
+        "learned again. Returns how many were forgotten.",
         ForgetArguments,
         _forget,
         destructive=True,

@@ -218,10 +218,11 @@ class AsyncCalorClient(_convert.ClientBase):
         ids: str | Iterable[str] = (),
         *,
         channel: str | None = None,
+        reject: bool = False,
         **filters: Unpack[ForgetOptions],
     ) -> int:
         """Forget memories by id and by filter; see :meth:`CalorClient.forget`."""
-        request = _convert.forget_request(self._in(channel), ids, **filters)
+        request = _convert.forget_request(self._in(channel), ids, reject, **filters)
         with translate_rpc_errors():
             return int((await self._stub.Forget(request, timeout=self.timeout)).forgotten)
 

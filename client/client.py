@@ -273,6 +273,7 @@ class CalorClient(SettingsCalls, TriggerCalls):
         ids: str | Iterable[str] = (),
         *,
         channel: str | None = None,
+        reject: bool = False,
         **filters: Unpack[ForgetOptions],
     ) -> int:
         """Forget memories by id, and every memory a filter matches; they leave no trace.
@@ -280,10 +281,14 @@ class CalorClient(SettingsCalls, TriggerCalls):
         Example::
 
             calor.forget(memory_types=["working"], created_before=datetime(2026, 1, 1))
+            calor.forget(wrong_id, reject=True)  # and do not learn it again
 
         Args:
             ids: One id or many.
             channel: Their channel, instead of the client's.
+            reject: Keep each one's embedding (not its text) as a rejection: a later
+                store close to it is stored with the near-duplicate penalty and
+                provenance ``resembles_rejected`` naming it.
             **filters: Types, states, tags and ``created_before``; a memory must match
                 every filter given: see :class:`~calor.client._convert.ForgetOptions`.
 
@@ -293,7 +298,7 @@ class CalorClient(SettingsCalls, TriggerCalls):
         Raises:
             InvalidArgumentError: Neither ids nor a filter were given.
         """
-        request = _convert.forget_request(self._in(channel), ids, **filters)
+        request = _convert.forget_request(self._in(channel), ids, reject, **filters)
         with translate_rpc_errors():
             return int(self._stub.Forget(request, timeout=self.timeout).forgotten)
 

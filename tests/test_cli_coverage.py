@@ -414,3 +414,20 @@ def test_recall_include_archived(calor: Run, client: CalorClient) -> None:
     assert stale.id not in calor("recall", query, "--peek")[1]
     status, out, _ = calor("recall", query, "--include-archived", "--peek")
     assert status == 0 and stale.id in out.splitlines()[0]
+
+
+def test_forget_reject_keeps_a_channel_from_learning_it_again(
+    calor: Run, client: CalorClient
+) -> None:
+    said = "The staging password is tulip-42, written on the fridge."
+    wrong = _id(calor("store", said)[1])
+    assert calor("forget", wrong, "--reject")[1].strip() == "forgot 1 memory"
+    again = client.store(said)
+    assert again.provenance["resembles_rejected"] == wrong
+    other = "Deploys to production happen on Tuesday mornings only."
+    dropped = client.store(other).id
+    assert client.forget(dropped, reject=True) == 1
+    assert client.store(other).provenance["resembles_rejected"] == dropped
+    plain = "Coffee beans are in the left cupboard."
+    client.forget(client.store(plain).id)
+    assert "resembles_rejected" not in client.store(plain).provenance

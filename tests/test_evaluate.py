@@ -195,3 +195,4 @@ def test_bad_evaluate_requests_are_refused(
         memories.Evaluate(request_)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in (caught.value.details() or "")
+

@@ -477,3 +477,48 @@ def test_a_webhook_waiting_in_the_outbox_loses_the_text_of_a_forgotten_memory(
     assert waiting.body["memory"] == {"id": memory_id, "text": "", "tags": {}, "forgotten": True}
     engine.log(extra=drop_delivery(waiting))  # delivered: gone, with its index entry
     assert pending_deliveries(store) == [] and not list(store._scan(b"k:"))
+
+
+# --- Forget with reject -----------------------------------------------------------------
+
+
+def test_a_rejected_memory_is_not_learned_again_and_keeps_no_text(
+    own: tuple[ServerThread, Stubs], embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    """Forget(reject=true) keeps the memory's vector, not its text, as a rejection: a later
+    store close to it comes with the near-duplicate penalty and a provenance flag naming
+    it; a plain forget does not; a restart keeps rejections, dropping the channel drops
+    them."""
+    server, stubs = own
+    marker = "zq-reject-91c"
+    text = f"The alarm code is {marker}; the kids must never know it."
+    rejected = store(stubs.memories, "house", text)
+    plain = store(stubs.memories, "flat", text)
+    forgot = stubs.memories.Forget(
+        pb.ForgetRequest(channel="house", ids=[rejected.id], reject=True)
+    )
+    assert forgot.forgotten == 1
+    stubs.memories.Forget(pb.ForgetRequest(channel="flat", ids=[plain.id]))
+    purge(server)
+    assert holding(tmp_path, marker.encode()) == [], "the text is gone from disk"
+
+    again = store(stubs.memories, "house", text.replace(";", ","))
+    learned = store(stubs.memories, "flat", text)
+    assert again.provenance["resembles_rejected"] == rejected.id
+    assert "resembles_rejected" not in learned.provenance, "a plain forget rejects nothing"
+    assert again.importance == pytest.approx(learned.importance - 0.20 - 0.30, abs=0.02)
+    other = store(stubs.memories, "house", "The bins go out on Thursday evenings.")
+    assert "resembles_rejected" not in other.provenance
+
+    server.stop()
+    again_server = ServerThread(_config(tmp_path), SystemClock(), lambda: embedder)
+    try:
+        with grpc.insecure_channel(again_server.target) as wire:
+            memories = MemoryServiceStub(wire)
+            after = store(memories, "house", text)
+            assert after.provenance["resembles_rejected"] == rejected.id
+            memories.DropChannel(pb.DropChannelRequest(channel="house"))
+            fresh = store(memories, "house", text)
+            assert "resembles_rejected" not in fresh.provenance
+    finally:
+        again_server.stop()

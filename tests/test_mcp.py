@@ -247,6 +247,11 @@ def test_forget_removes_memories(host: Host, channel_name: str) -> None:
     assert recalled["hits"] == []
     empty = host.call("memory_forget", ids=[], channel=channel_name)
     assert empty.is_error and "ids: List should have at least 1 item" in text_of(empty)
+    wrong = "The cat is allergic to fish."
+    memory_id = host.ok("memory_store", text=wrong, channel=channel_name)[1]["memory"]["id"]
+    host.ok("memory_forget", ids=[memory_id], reject=True, channel=channel_name)
+    _, again = host.ok("memory_store", text=wrong, channel=channel_name)
+    assert again["memory"]["provenance"]["resembles_rejected"] == memory_id
 
 
 def test_keystone_pins_and_unpins(host: Host, channel_name: str) -> None:

@@ -850,7 +850,14 @@ class ForgetRequest(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     IDS_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
+    REJECT_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
+    reject: _builtins.bool
+    """Keep each forgotten memory's embedding (not its text) as a rejection: a later store
+    within the near-duplicate similarity of one is stored with the near-duplicate
+    penalty and provenance resembles_rejected=<the forgotten id>, so the channel does not
+    learn again what a person removed. Dropping the channel drops its rejections.
+    """
     @_builtins.property
     def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -861,10 +868,11 @@ class ForgetRequest(_message.Message):
         channel: _builtins.str = ...,
         ids: _abc.Iterable[_builtins.str] | None = ...,
         filter: Global___ForgetFilter | None = ...,
+        reject: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "filter", b"filter", "ids", b"ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "filter", b"filter", "ids", b"ids", "reject", b"reject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

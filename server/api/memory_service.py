@@ -259,7 +259,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             ids.extend(await self._rt.run(self._rt.engine.channels.matching, self._filter(request)))
         elif not ids:
             raise InvalidArgumentError("forget: give ids or a filter")
-        count = await self._rt.run(self._rt.engine.forget, channel, ids)
+        count = await self._rt.run(self._rt.engine.forget, channel, ids, request.reject)
         return pb.ForgetResponse(forgotten=count)
 
     def _filter(self, request: pb.ForgetRequest) -> ListQuery:

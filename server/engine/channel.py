@@ -21,6 +21,7 @@ from calor.models.entities import entity_key
 from calor.server.clock import Clock
 from calor.server.config import APPROXIMATE_ABOVE
 from calor.server.engine.ingest import Neighbourhood
+from calor.server.engine.rejections import Rejections
 from calor.server.engine.results import Current
 from calor.server.engine.states import RecordTable, states_now
 from calor.server.recall.index import ChannelIndex
@@ -32,6 +33,7 @@ from calor.server.storage.ops import (
     Link,
     OpenConflict,
     Operation,
+    PutKey,
     PutMemory,
     SetHeat,
     SetPolicy,
@@ -112,6 +114,7 @@ class Channel:
     def __post_init__(self) -> None:
         self.index = ChannelIndex(self.dim, self.approximate_above)
         self.attic = ChannelIndex(self.dim, self.approximate_above)
+        self.rejections = Rejections(self.name)
 
     # --- reading -----------------------------------------------------------------
 
@@ -141,7 +144,9 @@ class Channel:
 
     def neighbourhood(self) -> Neighbourhood:
         """What a store links new memories against (read, never written, by ingest)."""
-        return Neighbourhood(self.index, self.records, self.entity_members, self.last_in_session)
+        return Neighbourhood(
+            self.index, self.records, self.entity_members, self.last_in_session, self.rejections
+        )
 
     def conflicts_of(self, memory_id: str) -> list[tuple[str, str]]:
         """The open conflicts a memory is part of."""
@@ -266,6 +271,7 @@ class Channel:
         self._ids.clear()
         self.index = ChannelIndex(self.dim, self.approximate_above)
         self.attic = ChannelIndex(self.dim, self.approximate_above)
+        self.rejections = Rejections(self.name)
         self.graph = Graph()
         self.entity_members.clear()
         self.last_in_session.clear()
@@ -289,6 +295,8 @@ class Channel:
             case SetPolicy(policy):
                 self.policy = policy
                 self._reschedule()
+            case PutKey():
+                self.rejections.take(op)  # the others are other components' bookkeeping
             case _:
                 pass  # state (taken first), the log, other components' bookkeeping
 

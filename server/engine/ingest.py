@@ -14,6 +14,7 @@ import numpy as np
 
 from calor.models.entities import entity_key
 from calor.server.commands import NewMemory, read_text
+from calor.server.engine.rejections import Rejections
 from calor.server.ids import new_id
 from calor.server.recall.index import ChannelIndex, ScratchIndex
 from calor.server.records import DELETED, MERGED, MemoryRecord
@@ -40,6 +41,8 @@ class Neighbourhood:
     records: Mapping[str, MemoryRecord]
     entity_members: Mapping[str, list[str]]
     last_in_session: Mapping[str, tuple[str, float]]
+    rejections: Rejections | None = None
+    """What the channel was told not to learn again (Forget with reject)."""
     added_members: dict[str, list[str]] = field(default_factory=dict)
     added_last: dict[str, tuple[str, float]] = field(default_factory=dict)
 
@@ -160,8 +163,17 @@ def _one(
     base = item.importance
     if base is None:
         base = policy.default_importance * SOURCE_TRUST[item.source]
-    importance = min(1.0, max(0.0, base + novelty_adjustment(nearest, policy.ingest)))
-    if nearest >= policy.ingest.near_duplicate_similarity:
+    duplicate = policy.ingest.near_duplicate_similarity
+    rejected = hood.rejections.closest(vector) if hood.rejections is not None else None
+    if rejected is not None and rejected[1] >= duplicate:
+        # Like a near-duplicate of what a person removed: penalised, and said so.
+        provenance["resembles_rejected"] = rejected[0]
+        closeness = max(nearest, rejected[1])
+    else:
+        closeness = nearest
+    importance = base + novelty_adjustment(closeness, policy.ingest)
+    importance = min(1.0, max(0.0, importance))
+    if nearest >= duplicate:
         provenance["near_duplicate_of"] = candidates[0][1]
         confirms.append(candidates[0][1])
     record = MemoryRecord(

@@ -35,6 +35,7 @@ from calor.server.engine.recall_log import (
     new_recall_id,
 )
 from calor.server.engine.registry import ChannelRegistry
+from calor.server.engine.rejections import rejection
 from calor.server.engine.results import Current, RecallResult, Stored
 from calor.server.engine.settling import mark_superseded, settle_conflicts
 from calor.server.engine.share import shared_copy
@@ -515,14 +516,16 @@ class MemoryEngine:
                     writing.settle_all(changed.id)
             return live.current(changed, clocks)
 
-    def forget(self, channel: str, memory_ids: Iterable[str]) -> int:
+    def forget(self, channel: str, memory_ids: Iterable[str], reject: bool = False) -> int:
         """Forget memories: each becomes a tombstone without text, embedding or edges, and
         what quoted its text (event messages, webhook deliveries waiting in the outbox)
         is rewritten without it, in one batch; the bytes leave the disk at the next purge.
 
         What holds a copy of a forgotten text goes with it: the memories a dream merged
-        into it (and into those), and the Evaluate findings that quote it. Returns how
-        many memories were forgotten, those included.
+        into it (and into those), and the Evaluate findings that quote it. With
+        ``reject``, each one's embedding stays behind as a rejection of the channel
+        (:mod:`calor.server.engine.rejections`). Returns how many memories were
+        forgotten, those included.
         """
         live = self.channels.find(channel)
         if live is None:
@@ -532,9 +535,17 @@ class MemoryEngine:
             gone = forgotten_with(live, memory_ids)
             if not gone:
                 return 0  # nothing to forget: write nothing
+            kept = [self._store.get_vector(channel, record.id) for record in gone] if reject else []
             with changing(self._store, live) as change:
                 for record in gone:
                     change.forget(record, now)
+                change.keep(
+                    [
+                        rejection(channel, record.id, vector)
+                        for record, vector in zip(gone, kept, strict=False)
+                        if vector is not None
+                    ]
+                )
             return len(gone)
 
     def drop_channel(self, channel: str) -> int:

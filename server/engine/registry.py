@@ -27,7 +27,7 @@ from calor.server.errors import NotFoundError
 from calor.server.heap import BULK_ITEMS, release
 from calor.server.recall.graph_files import GraphFiles
 from calor.server.records import DELETED, MemoryRecord
-from calor.server.storage.ops import ChangeList, OpenConflict, SetPolicy, SetState
+from calor.server.storage.ops import ChangeList, OpenConflict, PutKey, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.lifecycle import crossing_at, current_heat
@@ -161,8 +161,8 @@ class ChannelRegistry:
 
     def _load(self, name: str) -> Channel:
         """A channel's view built from what the store holds: policy, state, records,
-        edges, conflicts and embeddings (an embedding written ahead by a bulk store whose
-        records never were is dropped)."""
+        edges, conflicts, rejections and embeddings (an embedding written ahead by a bulk
+        store whose records never were is dropped)."""
         view = self._new_view(name)
         said = ChangeList(name)
         policy, state = self._store.channel_policy(name), self._store.channel_state(name)
@@ -179,6 +179,7 @@ class ChannelRegistry:
         said = ChangeList(name)
         for _, a, b, reason in self._store.conflicts(name):
             said.ops.append(OpenConflict(a, b, reason))
+        said.ops.extend(PutKey(key, value) for key, value in self._store.rejections(name))
         view.apply(said)
         entries: list[tuple[MemoryRecord, np.ndarray]] = []
         orphans = Changes(name)

@@ -31,6 +31,8 @@ Schema version 4. Keys are raw bytes; channel names never hold NUL (``\\0`` belo
     q:<channel>                        the channel's recall log tally JSON {entries}
     k:<channel>\\0<id>\\0<key>           ``key`` quotes the memory's text: what to put there
                                        once the memory is forgotten (a quote index)
+    n:<channel>\\0<id>                  a rejection: the float32 embedding of a memory
+                                       forgotten with ``reject`` (its text is gone)
 
 Keys are built here (:class:`Keys`) and nowhere else; the store's readers parse them
 with :func:`split`.
@@ -182,6 +184,11 @@ class Keys:
         return join(b"g:", channel, recall_id)
 
     @staticmethod
+    def rejection(channel: str, memory_id: str) -> bytes:
+        """The embedding a memory forgotten with ``reject`` leaves behind."""
+        return join(b"n:", channel, memory_id)
+
+    @staticmethod
     def recall_tally(channel: str) -> bytes:
         """How many recalls a channel's recall log holds."""
         return b"q:" + channel.encode()
@@ -220,8 +227,8 @@ class Keys:
 
 
 # The families whose keys start with ``<channel>\0``: memories, their heats, embeddings,
-# idempotency keys, edges, conflicts, the recall log, feedback, the quote index.
-CHANNEL_FAMILIES = (b"m:", b"w:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:")
+# idempotency keys, edges, conflicts, the recall log, feedback, the quote index, rejections.
+CHANNEL_FAMILIES = (b"m:", b"w:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:", b"n:")
 # The trigger engine's families, whose keys start with ``<channel>\0`` too (since schema
 # version 4): rules, fire counters, history, decay marks.
 TRIGGER_FAMILIES = (b"t:", b"f:", b"h:", b"d:")

@@ -594,6 +594,10 @@ class MemoryStore:
             owner, _, memory_id = key[2:].partition(SEP)
             yield owner.decode(), memory_id.decode(), np.frombuffer(value, dtype="<f4")
 
+    def rejections(self, channel: str) -> Iterator[tuple[bytes, bytes]]:
+        """A channel's rejections as stored: (key, float32 embedding bytes)."""
+        yield from self._scan(Keys.rejection(channel, ""))
+
     # --- the event log -------------------------------------------------------------
 
     def events_after(self, seq: int, limit: int = 1000) -> list[EventRecord]:
