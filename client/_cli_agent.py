@@ -34,11 +34,11 @@ def _context(client: CalorClient, args: argparse.Namespace) -> _Output:
 
 def _evaluate(client: CalorClient, args: argparse.Namespace) -> _Output:
     response = client.evaluate(args.text, store_findings=args.store_findings)
-    lines = [f"alignment {response.alignment:.2f}"]
-    lines += [
-        f"{issue.kind} ({issue.similarity:.2f}) {issue.memory_id}: {issue.message}"
-        for issue in response.issues
-    ]
+    lines = [f"{response.status} (alignment {response.alignment:.2f})"]
+    for issue in response.issues:
+        lines.append(f"{issue.kind} ({issue.similarity:.2f}) {issue.memory_id}: {issue.message}")
+        if issue.correction:
+            lines.append(f"  correction: {issue.correction}")
     if response.stored_ids:
         lines.append("stored " + " ".join(response.stored_ids))
     return response, "\n".join(lines)

@@ -140,17 +140,18 @@ async def _keystone(calor: AsyncCalorClient, a: KeystoneArguments) -> Reply:
 
 def evaluation_text(response: memory_service_pb2.EvaluateResponse) -> str:
     """The alignment, then one line per issue naming the memory behind it."""
+    head = f"{response.status}, alignment {response.alignment:.2f}"
     if not response.issues:
-        lines = [f"alignment {response.alignment:.2f}: no issues found"]
+        lines = [f"{head}: no issues found"]
     else:
-        lines = [
-            f"alignment {response.alignment:.2f}: {_count(len(response.issues), 'issue', 'issues')}"
-        ]
-        lines.extend(
-            f"- {issue.kind} with {issue.memory_id} (similarity {issue.similarity:.2f}): "
-            f"{issue.message}"
-            for issue in response.issues
-        )
+        lines = [f"{head}: {_count(len(response.issues), 'issue', 'issues')}"]
+        for issue in response.issues:
+            lines.append(
+                f"- {issue.kind} with {issue.memory_id} (similarity {issue.similarity:.2f}): "
+                f"{issue.message}"
+            )
+            if issue.correction:
+                lines.append(f"  correction: {issue.correction}")
     if response.stored_ids:
         lines.append(f"stored as findings: {', '.join(response.stored_ids)}")
     return "\n".join(lines)

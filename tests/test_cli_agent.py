@@ -40,11 +40,12 @@ def test_evaluate_names_the_memory_a_text_contradicts(calor: Run) -> None:
     allergy = stored_id(calor, "The user is allergic to peanuts.", "--type", "fact")
     status, out, err = calor("evaluate", "The user is not allergic to peanuts.")
     assert status == 0, err
-    assert out.splitlines()[0].startswith("alignment 0.")
+    assert out.splitlines()[0].startswith("conflict (alignment 0.")
     assert any(line.startswith("contradiction") and allergy in line for line in out.splitlines())
+    assert "  correction: The user is allergic to peanuts." in out.splitlines()
 
     status, out, _ = calor("evaluate", "The weather is pleasant.")
-    assert (status, out.strip()) == (0, "alignment 1.00")
+    assert (status, out.strip()) == (0, "aligned (alignment 1.00)")
 
 
 def test_share_copies_a_memory_into_another_channel(calor: Run, channel_name: str) -> None:

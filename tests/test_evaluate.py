@@ -196,3 +196,33 @@ def test_bad_evaluate_requests_are_refused(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in (caught.value.details() or "")
 
+
+def test_recommending_another_thing_than_a_stored_preference_is_drift_with_its_correction(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    preferred = "The user prefers Python for scripting."
+    memory = store(memories, channel_name, preferred, memory_type=PREFERENCE)
+    store(memories, channel_name, "The user deploys on Fridays.", memory_type=FACT)
+
+    reply = evaluate(memories, channel_name, "Use TypeScript for scripting.")
+    assert kinds(reply) == {memory.id: "preference_drift"}
+    [issue] = reply.issues
+    assert issue.correction == preferred
+    assert (reply.status, reply.score) == ("review", reply.alignment)
+    assert reply.score < 1.0
+
+    # The same thing recommended, or another thing for another purpose: aligned.
+    for fine in ("Use Python for scripting.", "Use TypeScript for the web frontend."):
+        same = evaluate(memories, channel_name, fine)
+        assert (same.status, same.score, list(same.issues)) == ("aligned", 1.0, []), fine
+
+
+def test_a_contradiction_makes_the_status_conflict_and_names_the_correction(
+    memories: MemoryServiceStub, channel_name: str, household: dict[str, str]
+) -> None:
+    reply = evaluate(memories, channel_name, "The user is not allergic to peanuts")
+    assert reply.status == "conflict"
+    assert [issue.correction for issue in reply.issues] == [ALLERGY]
+    for harmless in ("The weather is mild today.", "Try the new jazz album tonight."):
+        reply = evaluate(memories, channel_name, harmless)
+        assert (reply.status, reply.score) == ("aligned", 1.0), harmless

@@ -1025,11 +1025,16 @@ class EvaluationIssue(_message.Message):
     MEMORY_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     SIMILARITY_FIELD_NUMBER: _builtins.int
+    CORRECTION_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """contradiction | preference_drift | stale_reference"""
     memory_id: _builtins.str
     message: _builtins.str
     similarity: _builtins.float
+    correction: _builtins.str
+    """What the channel holds instead: the text of the memory contradicted or of the
+    preference drifted from, or of what superseded a stale memory ("" if none did).
+    """
     def __init__(
         self,
         *,
@@ -1037,10 +1042,11 @@ class EvaluationIssue(_message.Message):
         memory_id: _builtins.str = ...,
         message: _builtins.str = ...,
         similarity: _builtins.float = ...,
+        correction: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "memory_id", b"memory_id", "message", b"message", "similarity", b"similarity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correction", b"correction", "kind", b"kind", "memory_id", b"memory_id", "message", b"message", "similarity", b"similarity"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1053,7 +1059,16 @@ class EvaluateResponse(_message.Message):
     ALIGNMENT_FIELD_NUMBER: _builtins.int
     ISSUES_FIELD_NUMBER: _builtins.int
     STORED_IDS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
     alignment: _builtins.float
+    """1.0 with no issue; each issue multiplies it by (1 - its similarity)."""
+    status: _builtins.str
+    """aligned (no issue) | review (drift from a preference, a stale reference) |
+    conflict (the text contradicts a memory).
+    """
+    score: _builtins.float
+    """The alignment again, under the name the memory skill gives it."""
     @_builtins.property
     def issues(self) -> _containers.RepeatedCompositeFieldContainer[Global___EvaluationIssue]: ...
     @_builtins.property
@@ -1064,10 +1079,12 @@ class EvaluateResponse(_message.Message):
         alignment: _builtins.float = ...,
         issues: _abc.Iterable[Global___EvaluationIssue] | None = ...,
         stored_ids: _abc.Iterable[_builtins.str] | None = ...,
+        status: _builtins.str = ...,
+        score: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "issues", b"issues", "stored_ids", b"stored_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "issues", b"issues", "score", b"score", "status", b"status", "stored_ids", b"stored_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -165,15 +165,19 @@ def _engine_name(enum: Enum, prefix: str, number: int) -> str:
 def evaluation_message(
     evaluation: Evaluation, stored_ids: list[str]
 ) -> memory_service_pb2.EvaluateResponse:
-    """An evaluation: its alignment, each issue, and the ids of the stored findings."""
+    """An evaluation: its status and alignment (``score`` too), each issue with its
+    correction, and the ids of the stored findings."""
     return memory_service_pb2.EvaluateResponse(
         alignment=evaluation.alignment,
+        status=evaluation.status,
+        score=evaluation.alignment,
         issues=[
             memory_service_pb2.EvaluationIssue(
                 kind=issue.kind,
                 memory_id=issue.memory_id,
                 message=issue.message,
                 similarity=issue.similarity,
+                correction=issue.correction,
             )
             for issue in evaluation.issues
         ],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +33,9 @@ __all__ = [
     "Evaluation",
     "EvaluationTuning",
     "Issue",
+    "ALIGNED",
+    "CONFLICT",
+    "REVIEW",
     "evaluate",
     "findings",
 ]
@@ -59,6 +63,22 @@ _PRONOUNS = frozenset(
         "they them their theirs"
     )
 )
+# Words that state a preference and whose it is, and words that give advice: left out
+# when comparing what a recommendation and a preference are about.
+_PREFERRING = frozenset(
+    tokenize("user prefer preferred preference like love favourite favorite want always usually")
+)
+_ADVISING = frozenset(
+    tokenize("use should recommend suggest try choose pick go switch stick let lets we'll")
+)
+# "<verb> THING for PURPOSE": a choice for a purpose, advised or preferred.
+_CHOICE = r"\s+(?P<thing>[\w.+#-]+(?:\s+[\w.+#-]+)?)\s+(?:for|in|when)\s+(?P<purpose>[^.;!?]+)"
+_ADVICE = re.compile(
+    r"(?i)\b(?:use|try|choose|pick|recommend|suggest|switch\s+to|go\s+with|stick\s+with)" + _CHOICE
+)
+_PREFERENCE = re.compile(
+    r"(?i)\b(?:prefers?|preferred|likes?|loves?|wants?|uses?|always\s+uses?)" + _CHOICE
+)
 _QUOTED = 300  # characters of a text quoted in a message or a finding
 _PROVENANCE_BYTES = 200  # of the evaluated text kept in a finding's provenance
 
@@ -75,6 +95,10 @@ class EvaluationTuning:
         candidates: Nearest memories read for each text.
         preference_similarity: Cosine a preference needs: a statement about what the
             agent is doing is worded further from the preference it touches.
+        choice_similarity: Cosine a preference needs for advice that names another
+            choice for its purpose to drift from it: "Use TypeScript for scripting." is
+            0.66 from "The user prefers Python for scripting.", and the rule asks for
+            a shared purpose and a different thing on each side besides.
         stale_similarity: Cosine at which a text refers to a superseded memory.
         shared_subject: Share of the shorter text's words (stopwords and negations
             left out) the two texts must share. Sentences about the user sit close
@@ -86,6 +110,7 @@ class EvaluationTuning:
 
     candidates: int = 32
     preference_similarity: float = 0.70
+    choice_similarity: float = 0.60
     stale_similarity: float = 0.75
     shared_subject: float = 0.5
     valence: float = 0.3
@@ -93,12 +118,18 @@ class EvaluationTuning:
 
 @dataclass(frozen=True)
 class Issue:
-    """One problem with the text, and the memory behind it."""
+    """One problem with the text, the memory behind it, and ``correction``: what the
+    channel holds instead (the memory contradicted or the preference drifted from, or
+    what superseded a stale memory; "" when nothing did)."""
 
     kind: str
     memory_id: str
     message: str
     similarity: float
+    correction: str = ""
+
+
+ALIGNED, REVIEW, CONFLICT = "aligned", "review", "conflict"
 
 
 @dataclass(frozen=True)
@@ -115,6 +146,14 @@ class Evaluation:
     issues: list[Issue] = field(default_factory=list)
     findings: list[NewMemory] = field(default_factory=list)
 
+    @property
+    def status(self) -> str:
+        """``conflict`` when the text contradicts a memory, ``review`` when it has other
+        issues (drift from a preference, a stale reference), else ``aligned``."""
+        if any(issue.kind == CONTRADICTION for issue in self.issues):
+            return CONFLICT
+        return REVIEW if self.issues else ALIGNED
+
 
 def evaluate(
     channel: Channel,
@@ -129,7 +168,7 @@ def evaluate(
     one issue; issues come closest first.
     """
     tuning = tuning or EvaluationTuning()
-    subject = _subject(text)
+    subject = _subject(text) - _PREFERRING - _ADVISING
     clocks = channel.clocks()
     labels, sims = channel.index.dense(vector, tuning.candidates)
     issues: list[Issue] = []
@@ -137,7 +176,10 @@ def evaluate(
         record = channel.evolved(channel.records[channel.index.memory_id(label)], clocks)
         if record.state not in _LIVE or FINDING_TAG in record.tags:
             continue
-        if _overlap(subject, _subject(record.text)) < tuning.shared_subject:
+        if (
+            _overlap(subject, _subject(record.text) - _PREFERRING - _ADVISING)
+            < tuning.shared_subject
+        ):
             continue
         issue = _judge(channel, text, vector, record, similarity, conflict_similarity, tuning)
         if issue is not None:
@@ -167,24 +209,44 @@ def _judge(
             if float(vector @ newer_vector) >= similarity:
                 return None  # the text is closer to what replaced it: it is up to date
             message = f'refers to "{quoted}", superseded by "{_quote(newer_record.text)}"'
-        else:
-            message = f'refers to "{quoted}", which is deprecated'
+            return Issue(STALE_REFERENCE, record.id, message, similarity, newer_record.text)
+        message = f'refers to "{quoted}", which is deprecated'
         return Issue(STALE_REFERENCE, record.id, message, similarity)
     if record.memory_type == "preference":
-        if similarity < tuning.preference_similarity:
-            return None
-        reason = contradiction(text, record.text) or _opposite_feeling(text, record, tuning)
+        reason = None
+        if similarity >= tuning.preference_similarity:
+            reason = contradiction(text, record.text) or _opposite_feeling(text, record, tuning)
+        if reason is None and similarity >= tuning.choice_similarity:
+            reason = _other_choice(text, record)
         if reason is None:
             return None
         message = f'goes against the preference "{quoted}" ({reason})'
-        return Issue(PREFERENCE_DRIFT, record.id, message, similarity)
+        return Issue(PREFERENCE_DRIFT, record.id, message, similarity, record.text)
     if similarity < conflict_similarity:
         return None
     reason = contradiction(text, record.text)
     if reason is None:
         return None
     message = f'contradicts the memory "{quoted}" ({reason})'
-    return Issue(CONTRADICTION, record.id, message, similarity)
+    return Issue(CONTRADICTION, record.id, message, similarity, record.text)
+
+
+def _other_choice(text: str, record: MemoryRecord) -> str | None:
+    """Why advice names another choice than a preference for the same purpose ("Use
+    TypeScript for scripting." against "The user prefers Python for scripting."), if it
+    does: each says "<verb> THING for PURPOSE", the purposes share a word, the things do
+    not."""
+    advice, preference = _ADVICE.search(text), _PREFERENCE.search(record.text)
+    if advice is None or preference is None:
+        return None
+    ours, theirs = _stems(advice["thing"]), _stems(preference["thing"])
+    if ours & theirs or not _stems(advice["purpose"]) & _stems(preference["purpose"]):
+        return None
+    return f"recommends {advice['thing']}, not {preference['thing']}, for {advice['purpose']}"
+
+
+def _stems(words: str) -> frozenset[str]:
+    return frozenset(tokenize(words)) - FUNCTION_WORDS
 
 
 def _successor(channel: Channel, record: MemoryRecord) -> tuple[MemoryRecord, np.ndarray] | None:
