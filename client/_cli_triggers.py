@@ -1,4 +1,4 @@
-"""The ``calor trigger`` commands: add, list, rm and history."""
+"""The ``calor trigger`` commands: add, list, rm, history and feedback."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ from collections.abc import Callable
 from google.protobuf.message import Message
 
 from calor.client import _render
-from calor.client._enums import ACTION_KIND_NAMES, MEMORY_TYPE_NAMES, TRIGGER_EVENT_NAMES
+from calor.client._enums import (
+    ACTION_KIND_NAMES,
+    MEMORY_TYPE_NAMES,
+    TRIGGER_EVENT_NAMES,
+    TRIGGER_RATING_NAMES,
+)
 from calor.client.client import CalorClient
 from calor.v1 import trigger_service_pb2
 
@@ -51,6 +56,18 @@ def _history(client: CalorClient, args: argparse.Namespace) -> tuple[Message, st
     return response, _render.firings(items)
 
 
+def _feedback(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str]:
+    trigger = client.trigger_feedback(args.id, args.seq, args.rating)
+    response = trigger_service_pb2.TriggerFeedbackResponse(trigger=trigger)
+    precision = f"{trigger.precision:.2f}" if trigger.HasField("precision") else "-"
+    text = f"rated {args.rating}: precision {precision} over {trigger.rated} rated firings"
+    if trigger.flagged:
+        text += ", flagged"
+    if trigger.paused:
+        text += f"; paused: {trigger.paused}"
+    return response, text
+
+
 def _config(text: str) -> tuple[str, str]:
     """A ``--config KEY=VALUE`` argument as a pair."""
     key, sep, value = text.partition("=")
@@ -62,7 +79,7 @@ def _config(text: str) -> tuple[str, str]:
 def add_trigger_commands(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], shared: argparse.ArgumentParser
 ) -> None:
-    """Add ``calor trigger {add,list,rm,history}`` to the top-level commands.
+    """Add ``calor trigger {add,list,rm,history,feedback}`` to the top-level commands.
 
     Args:
         commands: The top-level subparsers.
@@ -114,3 +131,7 @@ def add_trigger_commands(
 
     action("rm", _rm, "delete a trigger").add_argument("id", metavar="ID")
     action("history", _history, "show when a trigger fired").add_argument("id", metavar="ID")
+    feedback = action("feedback", _feedback, "rate a firing of a trigger: useful or noise")
+    feedback.add_argument("id", metavar="ID")
+    feedback.add_argument("seq", type=int, metavar="SEQ", help="the firing's seq (see history)")
+    feedback.add_argument("rating", choices=TRIGGER_RATING_NAMES)

@@ -170,6 +170,29 @@ class TriggerCalls(ClientBase):
                 return firings
             request.page_token = page.next_page_token
 
+    def trigger_feedback(
+        self, trigger_id: str, cause_seq: int, rating: EnumArg, *, channel: str | None = None
+    ) -> trigger_service_pb2.Trigger:
+        """Rate one firing of a trigger ``useful`` or ``noise``; the trigger as it stands
+        after, with its precision over the last 30 days (``flagged`` when it is under the
+        channel's ``trigger_min_precision`` over 20 rated firings; ``paused`` says why
+        when the channel's ``trigger_auto_pause`` paused it).
+
+        Args:
+            trigger_id: The trigger.
+            cause_seq: The seq of the event that made it fire (a firing's ``seq``).
+            rating: ``"useful"`` or ``"noise"``.
+            channel: The trigger's channel, instead of the client's.
+
+        Raises:
+            NotFoundError: No such trigger, or it did not fire for that event.
+        """
+        request = _convert_triggers.feedback_request(
+            self._in(channel), trigger_id, cause_seq, rating
+        )
+        with translate_rpc_errors():
+            return self._triggers.TriggerFeedback(request, timeout=self.timeout).trigger
+
     def evaluate_triggers(
         self, event: EnumArg, memory_id: str, *, channel: str | None = None
     ) -> list[trigger_service_pb2.TriggerMatch]:

@@ -8,7 +8,13 @@ from typing import TypedDict, Unpack
 import grpc
 
 from calor.client._convert import check_options
-from calor.client._enums import EnumArg, parse_action, parse_event, parse_type
+from calor.client._enums import (
+    EnumArg,
+    parse_action,
+    parse_event,
+    parse_trigger_rating,
+    parse_type,
+)
 from calor.client.errors import InvalidArgumentError
 from calor.v1 import trigger_service_pb2
 
@@ -103,4 +109,16 @@ def subscribe_request(
         kinds=[parse_event(kind) for kind in kind_list],
         trigger_ids=[trigger_ids] if isinstance(trigger_ids, str) else list(trigger_ids),
         after_seq=after_seq,
+    )
+
+
+def feedback_request(
+    channel: str, trigger_id: str, cause_seq: int, rating: EnumArg
+) -> trigger_service_pb2.TriggerFeedbackRequest:
+    """The ``TriggerFeedbackRequest`` rating the firing ``cause_seq`` caused."""
+    return trigger_service_pb2.TriggerFeedbackRequest(
+        channel=channel,
+        trigger_id=trigger_id,
+        cause_seq=cause_seq,
+        rating=parse_trigger_rating(rating),
     )

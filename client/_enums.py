@@ -139,6 +139,18 @@ def parse_event(value: EnumArg) -> trigger_service_pb2.EventKind.ValueType:
     return _enum(trigger_service_pb2.EventKind, _EVENT_PREFIX, value, "event kind")
 
 
+TRIGGER_RATING_NAMES = _short_names(trigger_service_pb2.TriggerRating, "TRIGGER_RATING_")
+
+
+def parse_trigger_rating(value: EnumArg) -> trigger_service_pb2.TriggerRating.ValueType:
+    """A ``TriggerRating`` from ``"useful"``, ``"noise"``, a full name or a number.
+
+    Raises:
+        InvalidArgumentError: The name or number is not a trigger rating.
+    """
+    return _enum(trigger_service_pb2.TriggerRating, "TRIGGER_RATING_", value, "trigger rating")
+
+
 def parse_action(value: EnumArg) -> trigger_service_pb2.ActionKind.ValueType:
     """An ``ActionKind`` from ``"notify"``, ``"ACTION_KIND_NOTIFY"`` or 1.
 

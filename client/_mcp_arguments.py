@@ -8,7 +8,7 @@ are left out of ``required`` and never declared ``null``; enums come from the pr
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
@@ -26,6 +26,7 @@ __all__ = [
     "KeystoneArguments",
     "RecallArguments",
     "StoreArguments",
+    "TriggerFeedbackArguments",
     "input_schema",
 ]
 
@@ -176,6 +177,16 @@ class EvaluateArguments(Arguments):
     store_findings: bool = Field(
         False, description="Store each misalignment found as an episodic memory."
     )
+
+
+class TriggerFeedbackArguments(Arguments):
+    """The arguments of ``trigger_feedback``."""
+
+    trigger_id: NonEmpty = Field(description="The trigger that fired.")
+    cause_seq: int = Field(
+        ge=1, description="The seq of the event that made it fire (cause_seq of its events)."
+    )
+    rating: Literal["useful", "noise"] = Field(description="Whether the firing was worth it.")
 
 
 class ExportArguments(Arguments):

@@ -29,6 +29,7 @@ from calor.client._mcp_arguments import (
     KeystoneArguments,
     RecallArguments,
     StoreArguments,
+    TriggerFeedbackArguments,
     input_schema,
 )
 from calor.client._transfer import export_total
@@ -136,6 +137,15 @@ async def _keystone(calor: AsyncCalorClient, a: KeystoneArguments) -> Reply:
     memory = await calor.keystone(a.id, on=a.keystone, channel=a.channel)
     verb = "pinned" if a.keystone else "unpinned"
     return Reply(f"{verb} {_render.memory_line(memory)}", {"memory": _data(memory)})
+
+
+async def _trigger_feedback(calor: AsyncCalorClient, a: TriggerFeedbackArguments) -> Reply:
+    trigger = await calor.trigger_feedback(a.trigger_id, a.cause_seq, a.rating, channel=a.channel)
+    precision = f"{trigger.precision:.2f}" if trigger.HasField("precision") else "-"
+    text = f"rated {a.rating}: trigger {trigger.id} precision {precision} over {trigger.rated}"
+    if trigger.paused:
+        text += f"; paused: {trigger.paused}"
+    return Reply(text, {"trigger": _data(trigger)})
 
 
 def evaluation_text(response: memory_service_pb2.EvaluateResponse) -> str:
@@ -361,6 +371,16 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "alignment score (0..1) and each issue with the memory behind it.",
         EvaluateArguments,
         _evaluate,
+    ),
+    ToolSpec(
+        "trigger_feedback",
+        "Rate a trigger's firing",
+        "Say whether a trigger's firing (named by the seq of the event that caused it) was "
+        "useful or noise. Returns the trigger's precision over its rated firings of the "
+        "last 30 days; a trigger that is mostly noise is flagged, and may be paused.",
+        TriggerFeedbackArguments,
+        _trigger_feedback,
+        idempotent=True,
     ),
     ToolSpec(
         "memory_status",

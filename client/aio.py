@@ -445,6 +445,16 @@ class AsyncCalorClient(_convert.ClientBase):
                 return firings
             request.page_token = page.next_page_token
 
+    async def trigger_feedback(
+        self, trigger_id: str, cause_seq: int, rating: EnumArg, *, channel: str | None = None
+    ) -> trigger_service_pb2.Trigger:
+        """Rate one firing of a trigger; see :meth:`CalorClient.trigger_feedback`."""
+        request = _convert_triggers.feedback_request(
+            self._in(channel), trigger_id, cause_seq, rating
+        )
+        with translate_rpc_errors():
+            return (await self._triggers.TriggerFeedback(request, timeout=self.timeout)).trigger
+
     async def evaluate_triggers(
         self, event: EnumArg, memory_id: str, *, channel: str | None = None
     ) -> list[trigger_service_pb2.TriggerMatch]:

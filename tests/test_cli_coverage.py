@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -44,6 +45,7 @@ VERBS = {
     "ListTriggers": "trigger list",
     "DeleteTrigger": "trigger rm",
     "TriggerHistory": "trigger history",
+    "TriggerFeedback": "trigger feedback",
     "EvaluateTriggers": "evaluate-triggers",
     "Subscribe": "subscribe",
 }
@@ -431,3 +433,28 @@ def test_forget_reject_keeps_a_channel_from_learning_it_again(
     plain = "Coffee beans are in the left cupboard."
     client.forget(client.store(plain).id)
     assert "resembles_rejected" not in client.store(plain).provenance
+
+
+def test_trigger_feedback_rates_a_firing(calor: Run, client: CalorClient) -> None:
+    status, _, err = calor(
+        "trigger",
+        "add",
+        "--id",
+        "pinger",
+        "--event",
+        "on_store",
+        "--action",
+        "notify",
+        "--config",
+        "message=stored",
+    )
+    assert status == 0, err
+    client.store("A note to fire on.")
+    deadline = time.monotonic() + 10
+    while not (fired := client.trigger_history("pinger")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status, out, err = calor("trigger", "feedback", "pinger", str(fired[0].seq), "noise")
+    assert (status, out.strip()) == (0, "rated noise: precision 0.00 over 1 rated firings"), err
+    assert client.trigger_history("pinger")[0].rating == "noise"
+    assert client.trigger_feedback("pinger", fired[0].seq, "useful").precision == 1.0
+    assert calor("trigger", "feedback", "pinger", str(fired[0].seq), "meh")[0] == 2

@@ -32,6 +32,7 @@ TOOL_NAMES = {
     "memory_status",
     "memory_dream",
     "memory_export",
+    "trigger_feedback",
 }
 
 

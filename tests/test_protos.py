@@ -76,5 +76,6 @@ def test_every_service_is_declared() -> None:
         "TriggerHistory",
         "EvaluateTriggers",
         "Subscribe",
+        "TriggerFeedback",
     }
     assert set(services["SettingsService"]) == {"GetSettings", "UpdateSettings", "ServerStatus"}

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from calor.server.engine.changes import Changes, commit
 from calor.server.storage.ops import DeleteKey, DeleteRange, PutKey
 from calor.server.storage.store import Keys, MemoryStore
+from calor.triggers.feedback import Rating
 from calor.triggers.rules import TriggerRule
 
 __all__ = ["Counter", "Firing", "TriggerRegistry"]
@@ -134,7 +135,11 @@ class TriggerRegistry:
         return counter.fires if counter is not None else 0
 
     def can_fire(self, rule: TriggerRule, now: float) -> bool:
-        """Whether ``max_fires`` and ``cooldown_seconds`` let the rule fire now."""
+        """Whether the rule may fire now: not paused, and ``max_fires`` and
+        ``cooldown_seconds`` let it."""
+        current = self._rules.get((rule.channel, rule.id), rule)
+        if current.paused:
+            return False
         counter = self._counters.get((rule.channel, rule.id), Counter())
         if rule.max_fires and counter.fires >= rule.max_fires:
             return False
@@ -166,6 +171,26 @@ class TriggerRegistry:
     def decay_mark(self, rule: TriggerRule, memory_id: str, t0: float) -> PutKey:
         """The write noting that the trigger fired for this heat trajectory of the memory."""
         return PutKey(Keys.decay_mark(rule.channel, rule.id, memory_id), repr(t0).encode())
+
+    def rate(self, rule: TriggerRule, firing: Firing, useful: bool, now: float) -> None:
+        """Rate a firing of the rule, durably (a later rating of it replaces this one)."""
+        rating = Rating(firing.at, useful, now)
+        self._write(
+            PutKey(Keys.trigger_rating(rule.channel, rule.id, firing.seq), rating.to_json())
+        )
+
+    def ratings(self, channel: str, trigger_id: str) -> dict[int, Rating]:
+        """The ratings of a trigger's firings, by the seq of the event that caused each."""
+        return {
+            seq: Rating.from_json(value)
+            for seq, value in self._store.trigger_ratings(channel, trigger_id)
+        }
+
+    def pause(self, rule: TriggerRule, reason: str) -> TriggerRule:
+        """Pause a rule (it fires no more), durably, saying why; the paused rule."""
+        paused = replace(rule, paused=reason)
+        self.add(paused)
+        return paused
 
     def history(self, channel: str, trigger_id: str) -> Iterator[Firing]:
         """The firings of the trigger of this id in this channel, oldest first (those of

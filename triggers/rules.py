@@ -13,6 +13,7 @@ import re2  # type: ignore[import-untyped]
 
 from calor.server.api.wire import enum_text, full_name, short_name, timestamp_message
 from calor.server.errors import InvalidArgumentError
+from calor.triggers.feedback import Standing
 from calor.triggers.rule_config import redact_config, validate_config
 from calor.v1 import memory_pb2, trigger_service_pb2
 
@@ -73,6 +74,8 @@ class TriggerRule:
         threshold: For ``on_decay``: the heat whose downward crossing fires it; None means
             the channel's cold threshold.
         created_at: When it was registered, in seconds since the epoch.
+        paused: Why it was paused (it fires no more: its rated firings were mostly
+            noise), or "" while it is not.
     """
 
     id: str
@@ -88,6 +91,7 @@ class TriggerRule:
     cooldown_seconds: float
     threshold: float | None
     created_at: float
+    paused: str = ""
 
     def __post_init__(self) -> None:
         # A private copy typed read-only, so the caller's dict cannot change the rule. (A
@@ -120,6 +124,7 @@ class TriggerRule:
             cooldown_seconds=float(raw.get("cooldown_seconds") or 0.0),
             threshold=_optional_float(raw.get("threshold")),
             created_at=float(raw.get("created_at") or 0.0),
+            paused=str(raw.get("paused") or ""),
         )
 
 
@@ -334,7 +339,9 @@ def _threshold(message: trigger_service_pb2.Trigger, event: str) -> float | None
 # --- back to the API ------------------------------------------------------------------------
 
 
-def rule_message(rule: TriggerRule, fires: int) -> trigger_service_pb2.Trigger:
+def rule_message(
+    rule: TriggerRule, fires: int, standing: Standing | None = None
+) -> trigger_service_pb2.Trigger:
     """The API view of a rule, with how many times it has fired.
 
     Write-only config values (a webhook's ``secret``) show as ``[redacted]``: every
@@ -343,6 +350,7 @@ def rule_message(rule: TriggerRule, fires: int) -> trigger_service_pb2.Trigger:
     Args:
         rule: The rule.
         fires: Its fire count so far.
+        standing: Its precision over rated firings, when the reply shows it.
 
     Returns:
         A ``Trigger`` that :func:`rule_from_message` turns back into the same rule
@@ -370,4 +378,9 @@ def rule_message(rule: TriggerRule, fires: int) -> trigger_service_pb2.Trigger:
         message.filter_heat_below = rule.filter_heat_below
     if rule.threshold is not None:
         message.threshold = rule.threshold
+    message.paused = rule.paused
+    if standing is not None:
+        if standing.precision is not None:
+            message.precision = standing.precision
+        message.rated, message.flagged = standing.rated, standing.flagged
     return message

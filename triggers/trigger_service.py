@@ -37,6 +37,7 @@ from calor.server.errors import (
 from calor.server.events import EventRecord
 from calor.server.ids import new_id
 from calor.triggers.engine import TriggerEngine
+from calor.triggers.feedback import Rating, Standing, standing
 from calor.triggers.registry import Firing
 from calor.triggers.rule_config import TRIGGER_ID
 from calor.triggers.rules import EVENTS, TriggerRule, rule_from_message, rule_message
@@ -269,8 +270,12 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         ]
         page = rules[:size]
         more = len(rules) > size
+        standings = await self._rt.run(lambda: [self._standing(r) for r in page])
         return tpb.ListTriggersResponse(
-            triggers=[rule_message(r, engine.registry.fires(r)) for r in page],
+            triggers=[
+                rule_message(r, engine.registry.fires(r), standing)
+                for r, standing in zip(page, standings, strict=True)
+            ],
             next_page_token=encode_page_token(_position(page[-1])) if more and page else "",
         )
 
@@ -305,7 +310,12 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         )
         rest = firings[start:]
         page = rest[:size]
-        return tpb.TriggerHistoryResponse(
+        ratings = (
+            {}
+            if channel is None
+            else await self._rt.run(registry.ratings, channel, request.trigger_id)
+        )
+        reply = tpb.TriggerHistoryResponse(
             firings=[
                 tpb.TriggerFiring(
                     trigger_id=f.trigger_id,
@@ -314,11 +324,76 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                     outcome=f.outcome,
                     seq=f.seq,
                     late=f.late,
+                    rating=_rating_name(ratings.get(f.seq)),
                 )
                 for f in page
             ],
             next_page_token=encode_page_token(str(start + size)) if len(rest) > size else "",
         )
+        if channel is not None:
+            held = standing(ratings.values(), self._rt.clock.now(), self._min_precision(channel))
+            if held.precision is not None:
+                reply.precision = held.precision
+            reply.rated = held.rated
+        return reply
+
+    @rpc_errors
+    async def TriggerFeedback(
+        self, request: tpb.TriggerFeedbackRequest, context: _Context
+    ) -> tpb.TriggerFeedbackResponse:
+        channel = self._rt.validator.channel(request.channel)
+        if not request.trigger_id:
+            raise InvalidArgumentError("trigger_id: a trigger id is required")
+        if not request.cause_seq:
+            raise InvalidArgumentError("cause_seq: the seq of the event that fired it is required")
+        if request.rating not in (tpb.TRIGGER_RATING_USEFUL, tpb.TRIGGER_RATING_NOISE):
+            raise InvalidArgumentError("rating: give TRIGGER_RATING_USEFUL or TRIGGER_RATING_NOISE")
+        engine = self._triggers()
+        rule = engine.registry.get(channel, request.trigger_id)
+        if rule is None:
+            raise NotFoundError(f"no trigger {request.trigger_id} in channel {channel!r}")
+        rule = await self._rt.run(
+            self._rate, rule, request.cause_seq, request.rating == tpb.TRIGGER_RATING_USEFUL
+        )
+        return tpb.TriggerFeedbackResponse(
+            trigger=rule_message(rule, engine.registry.fires(rule), self._standing(rule))
+        )
+
+    def _rate(self, rule: TriggerRule, cause_seq: int, useful: bool) -> TriggerRule:
+        """Rate the firing ``cause_seq`` caused; pause the rule if its channel says to and
+        the rating leaves it flagged. The rule as it stands after."""
+        registry = self._triggers().registry
+        fired = [f for f in registry.history(rule.channel, rule.id) if f.seq == cause_seq]
+        if not fired:
+            raise NotFoundError(f"trigger {rule.id} did not fire for event {cause_seq}")
+        now = self._rt.clock.now()
+        registry.rate(rule, fired[-1], useful, now)
+        policy = self._rt.engine.channels.policy(rule.channel)
+        held = self._standing(rule)
+        if not (held.flagged and policy.trigger_auto_pause and not rule.paused):
+            return rule
+        reason = held.reason(policy.trigger_min_precision)
+        paused = registry.pause(rule, reason)
+        self._rt.engine.log(
+            EventRecord(
+                kind="notify",
+                channel=rule.channel,
+                at=now,
+                trigger_id=rule.id,
+                message=f"trigger {rule.id} paused: {reason}",
+                payload={"paused": "true", "precision": f"{held.precision:.4f}"},
+            )
+        )
+        return paused
+
+    def _standing(self, rule: TriggerRule) -> Standing:
+        """A rule's precision over its rated firings now (reads the store)."""
+        ratings = self._triggers().registry.ratings(rule.channel, rule.id)
+        now = self._rt.clock.now()
+        return standing(ratings.values(), now, self._min_precision(rule.channel))
+
+    def _min_precision(self, channel: str) -> float:
+        return self._rt.engine.channels.policy(channel).trigger_min_precision
 
     @rpc_errors
     async def EvaluateTriggers(
@@ -366,3 +441,10 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
         except CalorError as error:
             bounds = error.trailing if isinstance(error, OutOfRangeError) else ()
             await abort_with(context, error, (("calor-last-seq", str(last)), *bounds))
+
+
+def _rating_name(rating: Rating | None) -> str:
+    """How a firing was rated: "useful", "noise", or "" when it was not."""
+    if rating is None:
+        return ""
+    return "useful" if rating.useful else "noise"

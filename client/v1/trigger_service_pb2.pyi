@@ -21,6 +21,24 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _TriggerRating:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TriggerRatingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TriggerRating.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRIGGER_RATING_UNSPECIFIED: _TriggerRating.ValueType  # 0
+    TRIGGER_RATING_USEFUL: _TriggerRating.ValueType  # 1
+    TRIGGER_RATING_NOISE: _TriggerRating.ValueType  # 2
+
+class TriggerRating(_TriggerRating, metaclass=_TriggerRatingEnumTypeWrapper):
+    """Whether a firing of a trigger was worth it."""
+
+TRIGGER_RATING_UNSPECIFIED: TriggerRating.ValueType  # 0
+TRIGGER_RATING_USEFUL: TriggerRating.ValueType  # 1
+TRIGGER_RATING_NOISE: TriggerRating.ValueType  # 2
+Global___TriggerRating: _TypeAlias = TriggerRating  # noqa: Y015
+
 class _EventKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -86,6 +104,60 @@ ACTION_KIND_CHAIN: ActionKind.ValueType  # 7
 Global___ActionKind: _TypeAlias = ActionKind  # noqa: Y015
 
 @_typing.final
+class TriggerFeedbackRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    TRIGGER_ID_FIELD_NUMBER: _builtins.int
+    CAUSE_SEQ_FIELD_NUMBER: _builtins.int
+    RATING_FIELD_NUMBER: _builtins.int
+    channel: _builtins.str
+    """The trigger's channel (trigger ids are each channel's own)."""
+    trigger_id: _builtins.str
+    cause_seq: _builtins.int
+    """The seq of the event that made it fire: TriggerFiring.seq, or cause_seq in the
+    payload of the events its action logged.
+    """
+    rating: Global___TriggerRating.ValueType
+    def __init__(
+        self,
+        *,
+        channel: _builtins.str = ...,
+        trigger_id: _builtins.str = ...,
+        cause_seq: _builtins.int = ...,
+        rating: Global___TriggerRating.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause_seq", b"cause_seq", "channel", b"channel", "rating", b"rating", "trigger_id", b"trigger_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerFeedbackRequest: _TypeAlias = TriggerFeedbackRequest  # noqa: Y015
+
+@_typing.final
+class TriggerFeedbackResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def trigger(self) -> Global___Trigger:
+        """The trigger as it stands after the rating: its precision, flagged, paused."""
+
+    def __init__(
+        self,
+        *,
+        trigger: Global___Trigger | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["trigger", b"trigger"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["trigger", b"trigger"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerFeedbackResponse: _TypeAlias = TriggerFeedbackResponse  # noqa: Y015
+
+@_typing.final
 class Trigger(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -123,6 +195,10 @@ class Trigger(_message.Message):
     FIRES_FIELD_NUMBER: _builtins.int
     THRESHOLD_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
+    RATED_FIELD_NUMBER: _builtins.int
+    FLAGGED_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     channel: _builtins.str
     event: Global___EventKind.ValueType
@@ -136,6 +212,18 @@ class Trigger(_message.Message):
     fires: _builtins.int
     threshold: _builtins.float
     """For on_decay: the heat whose downward crossing fires it (default the cold threshold)."""
+    precision: _builtins.float
+    """Output only. Useful firings among those rated (TriggerFeedback) over the last 30
+    days; unset while none is rated.
+    """
+    rated: _builtins.int
+    """Output only. How many of its firings of the last 30 days were rated."""
+    flagged: _builtins.bool
+    """Output only. Its precision over at least 20 rated firings is under the channel's
+    trigger_min_precision.
+    """
+    paused: _builtins.str
+    """Output only. Why it was paused (it fires no more), or "" while it is not."""
     @_builtins.property
     def config(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -157,21 +245,29 @@ class Trigger(_message.Message):
         fires: _builtins.int = ...,
         threshold: _builtins.float | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        precision: _builtins.float | None = ...,
+        rated: _builtins.int = ...,
+        flagged: _builtins.bool = ...,
+        paused: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_filter_heat_above", b"_filter_heat_above", "_filter_heat_below", b"_filter_heat_below", "_threshold", b"_threshold", "created_at", b"created_at", "filter_heat_above", b"filter_heat_above", "filter_heat_below", b"filter_heat_below", "threshold", b"threshold"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_filter_heat_above", b"_filter_heat_above", "_filter_heat_below", b"_filter_heat_below", "_precision", b"_precision", "_threshold", b"_threshold", "created_at", b"created_at", "filter_heat_above", b"filter_heat_above", "filter_heat_below", b"filter_heat_below", "precision", b"precision", "threshold", b"threshold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_filter_heat_above", b"_filter_heat_above", "_filter_heat_below", b"_filter_heat_below", "_threshold", b"_threshold", "action", b"action", "channel", b"channel", "config", b"config", "cooldown_seconds", b"cooldown_seconds", "created_at", b"created_at", "event", b"event", "filter_heat_above", b"filter_heat_above", "filter_heat_below", b"filter_heat_below", "filter_memory_type", b"filter_memory_type", "filter_pattern", b"filter_pattern", "fires", b"fires", "id", b"id", "max_fires", b"max_fires", "threshold", b"threshold"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_filter_heat_above", b"_filter_heat_above", "_filter_heat_below", b"_filter_heat_below", "_precision", b"_precision", "_threshold", b"_threshold", "action", b"action", "channel", b"channel", "config", b"config", "cooldown_seconds", b"cooldown_seconds", "created_at", b"created_at", "event", b"event", "filter_heat_above", b"filter_heat_above", "filter_heat_below", b"filter_heat_below", "filter_memory_type", b"filter_memory_type", "filter_pattern", b"filter_pattern", "fires", b"fires", "flagged", b"flagged", "id", b"id", "max_fires", b"max_fires", "paused", b"paused", "precision", b"precision", "rated", b"rated", "threshold", b"threshold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__filter_heat_above: _TypeAlias = _typing.Literal["filter_heat_above"]  # noqa: Y015
     _WhichOneofArgType__filter_heat_above: _TypeAlias = _typing.Literal["_filter_heat_above", b"_filter_heat_above"]  # noqa: Y015
     _WhichOneofReturnType__filter_heat_below: _TypeAlias = _typing.Literal["filter_heat_below"]  # noqa: Y015
     _WhichOneofArgType__filter_heat_below: _TypeAlias = _typing.Literal["_filter_heat_below", b"_filter_heat_below"]  # noqa: Y015
+    _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
+    _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
     _WhichOneofReturnType__threshold: _TypeAlias = _typing.Literal["threshold"]  # noqa: Y015
     _WhichOneofArgType__threshold: _TypeAlias = _typing.Literal["_threshold", b"_threshold"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__filter_heat_above) -> _WhichOneofReturnType__filter_heat_above | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__filter_heat_below) -> _WhichOneofReturnType__filter_heat_below | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__threshold) -> _WhichOneofReturnType__threshold | None: ...
 
@@ -322,11 +418,14 @@ class TriggerFiring(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     LATE_FIELD_NUMBER: _builtins.int
+    RATING_FIELD_NUMBER: _builtins.int
     trigger_id: _builtins.str
     memory_id: _builtins.str
     outcome: _builtins.str
     seq: _builtins.int
     late: _builtins.bool
+    rating: _builtins.str
+    """"useful", "noise", or "" while it is not rated."""
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -338,10 +437,11 @@ class TriggerFiring(_message.Message):
         outcome: _builtins.str = ...,
         seq: _builtins.int = ...,
         late: _builtins.bool = ...,
+        rating: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "late", b"late", "memory_id", b"memory_id", "outcome", b"outcome", "seq", b"seq", "trigger_id", b"trigger_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "late", b"late", "memory_id", b"memory_id", "outcome", b"outcome", "rating", b"rating", "seq", b"seq", "trigger_id", b"trigger_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -384,7 +484,12 @@ class TriggerHistoryResponse(_message.Message):
 
     FIRINGS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
+    RATED_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    precision: _builtins.float
+    """The trigger's precision and rated firings over the last 30 days, as in Trigger."""
+    rated: _builtins.int
     @_builtins.property
     def firings(self) -> _containers.RepeatedCompositeFieldContainer[Global___TriggerFiring]: ...
     def __init__(
@@ -392,12 +497,16 @@ class TriggerHistoryResponse(_message.Message):
         *,
         firings: _abc.Iterable[Global___TriggerFiring] | None = ...,
         next_page_token: _builtins.str = ...,
+        precision: _builtins.float | None = ...,
+        rated: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_precision", b"_precision", "precision", b"precision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["firings", b"firings", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_precision", b"_precision", "firings", b"firings", "next_page_token", b"next_page_token", "precision", b"precision", "rated", b"rated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
+    _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
 
 Global___TriggerHistoryResponse: _TypeAlias = TriggerHistoryResponse  # noqa: Y015
 

@@ -65,6 +65,11 @@ class TriggerServiceStub:
                 request_serializer=calor_dot_v1_dot_trigger__service__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=calor_dot_v1_dot_trigger__service__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
+        self.TriggerFeedback = channel.unary_unary(
+                '/calor.v1.TriggerService/TriggerFeedback',
+                request_serializer=calor_dot_v1_dot_trigger__service__pb2.TriggerFeedbackRequest.SerializeToString,
+                response_deserializer=calor_dot_v1_dot_trigger__service__pb2.TriggerFeedbackResponse.FromString,
+                _registered_method=True)
 
 
 class TriggerServiceServicer:
@@ -110,6 +115,15 @@ class TriggerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TriggerFeedback(self, request, context):
+        """Rate one firing of a trigger: useful, or noise. A trigger whose precision over its
+        rated firings of the last 30 days falls under the channel's trigger_min_precision
+        (with at least 20 rated) is flagged; with trigger_auto_pause, paused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TriggerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +156,11 @@ def add_TriggerServiceServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=calor_dot_v1_dot_trigger__service__pb2.SubscribeRequest.FromString,
                     response_serializer=calor_dot_v1_dot_trigger__service__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'TriggerFeedback': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerFeedback,
+                    request_deserializer=calor_dot_v1_dot_trigger__service__pb2.TriggerFeedbackRequest.FromString,
+                    response_serializer=calor_dot_v1_dot_trigger__service__pb2.TriggerFeedbackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +326,33 @@ class TriggerService:
             '/calor.v1.TriggerService/Subscribe',
             calor_dot_v1_dot_trigger__service__pb2.SubscribeRequest.SerializeToString,
             calor_dot_v1_dot_trigger__service__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerFeedback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calor.v1.TriggerService/TriggerFeedback',
+            calor_dot_v1_dot_trigger__service__pb2.TriggerFeedbackRequest.SerializeToString,
+            calor_dot_v1_dot_trigger__service__pb2.TriggerFeedbackResponse.FromString,
             options,
             channel_credentials,
             insecure,

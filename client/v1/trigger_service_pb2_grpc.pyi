@@ -42,6 +42,11 @@ class TriggerServiceStub:
     """A dry run: which triggers would fire for an event on a memory."""
     Subscribe: _grpc.UnaryStreamMultiCallable[_trigger_service_pb2.SubscribeRequest, _trigger_service_pb2.SubscribeResponse]
     """Stream events; resume with after_seq."""
+    TriggerFeedback: _grpc.UnaryUnaryMultiCallable[_trigger_service_pb2.TriggerFeedbackRequest, _trigger_service_pb2.TriggerFeedbackResponse]
+    """Rate one firing of a trigger: useful, or noise. A trigger whose precision over its
+    rated firings of the last 30 days falls under the channel's trigger_min_precision
+    (with at least 20 rated) is flagged; with trigger_auto_pause, paused.
+    """
 
 @_typing.type_check_only
 class TriggerServiceAsyncStub(TriggerServiceStub):
@@ -57,6 +62,11 @@ class TriggerServiceAsyncStub(TriggerServiceStub):
     """A dry run: which triggers would fire for an event on a memory."""
     Subscribe: _aio.UnaryStreamMultiCallable[_trigger_service_pb2.SubscribeRequest, _trigger_service_pb2.SubscribeResponse]  # type: ignore[assignment]
     """Stream events; resume with after_seq."""
+    TriggerFeedback: _aio.UnaryUnaryMultiCallable[_trigger_service_pb2.TriggerFeedbackRequest, _trigger_service_pb2.TriggerFeedbackResponse]  # type: ignore[assignment]
+    """Rate one firing of a trigger: useful, or noise. A trigger whose precision over its
+    rated firings of the last 30 days falls under the channel's trigger_min_precision
+    (with at least 20 rated) is flagged; with trigger_auto_pause, paused.
+    """
 
 class TriggerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Rules that react to memory events, and the stream of those events."""
@@ -105,5 +115,16 @@ class TriggerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_trigger_service_pb2.SubscribeResponse], _abc.AsyncIterator[_trigger_service_pb2.SubscribeResponse]]:
         """Stream events; resume with after_seq."""
+
+    @_abc_1.abstractmethod
+    def TriggerFeedback(
+        self,
+        request: _trigger_service_pb2.TriggerFeedbackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trigger_service_pb2.TriggerFeedbackResponse, _abc.Awaitable[_trigger_service_pb2.TriggerFeedbackResponse]]:
+        """Rate one firing of a trigger: useful, or noise. A trigger whose precision over its
+        rated firings of the last 30 days falls under the channel's trigger_min_precision
+        (with at least 20 rated) is flagged; with trigger_auto_pause, paused.
+        """
 
 def add_TriggerServiceServicer_to_server(servicer: TriggerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

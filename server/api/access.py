@@ -92,6 +92,7 @@ RULES: dict[str, Need] = {
     _T + "DeleteTrigger": _own(ADMIN),  # with no channel, trigger_service finds the
     _T + "TriggerHistory": _own(ADMIN),  # trigger among the caller's channels
     _T + "EvaluateTriggers": _own(ADMIN),
+    _T + "TriggerFeedback": _own(WRITE),
     _T + "Subscribe": lambda r: [(c, READ) for c in r.channels],
     _S + "GetSettings": _own(READ),
     _S + "UpdateSettings": _own(ADMIN),

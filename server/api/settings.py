@@ -217,6 +217,8 @@ _SCALARS: dict[str, _Rule] = {
     "context_weight_heat": _context("heat"),
     "context_weight_recency": _context("recency"),
     "context_weight_source": _context("source"),
+    "trigger_min_precision": _fraction("trigger_min_precision"),
+    "trigger_auto_pause": _flag("trigger_auto_pause"),
     "context_reuse_seconds": _Rule(
         "reuse_seconds", float, 0.0, _DAY, group="context", note="0 (no reuse) to 1 day"
     ),

@@ -23,6 +23,8 @@ Schema version 4. Keys are raw bytes; channel names never hold NUL (``\\0`` belo
                                        a firing of the trigger (its history) JSON
     d:<channel>\\0<trigger id>\\0<memory id>
                                        t0 of the heat trajectory whose decay already fired
+    u:<channel>\\0<trigger id>\\0<cause seq, 8 bytes>
+                                       the rating of the firing that event caused JSON
     s:cursor                           the trigger dispatcher's place in the log JSON
     s:watermark                        time up to which decay crossings were handled
     o:<idempotency key>                a webhook delivery not yet finished JSON
@@ -164,6 +166,16 @@ class Keys:
         return Keys.history(channel, trigger_id) + seq_bytes(order)
 
     @staticmethod
+    def trigger_ratings(channel: str, trigger_id: str) -> bytes:
+        """The prefix of a trigger's ratings (TriggerFeedback)."""
+        return join(b"u:", channel, trigger_id, "")
+
+    @staticmethod
+    def trigger_rating(channel: str, trigger_id: str, cause_seq: int) -> bytes:
+        """The rating of the firing an event (its seq) caused."""
+        return Keys.trigger_ratings(channel, trigger_id) + seq_bytes(cause_seq)
+
+    @staticmethod
     def decay_mark(channel: str, trigger_id: str, memory_id: str) -> bytes:
         """The heat trajectory of a memory whose decay crossing a trigger fired for."""
         return join(b"d:", channel, trigger_id, memory_id)
@@ -230,8 +242,8 @@ class Keys:
 # idempotency keys, edges, conflicts, the recall log, feedback, the quote index, rejections.
 CHANNEL_FAMILIES = (b"m:", b"w:", b"v:", b"i:", b"e:", b"x:", b"r:", b"g:", b"k:", b"n:")
 # The trigger engine's families, whose keys start with ``<channel>\0`` too (since schema
-# version 4): rules, fire counters, history, decay marks.
-TRIGGER_FAMILIES = (b"t:", b"f:", b"h:", b"d:")
+# version 4): rules, fire counters, history, decay marks, ratings.
+TRIGGER_FAMILIES = (b"t:", b"f:", b"h:", b"d:", b"u:")
 
 
 def past(prefix: bytes) -> bytes:

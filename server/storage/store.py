@@ -638,6 +638,12 @@ class MemoryStore:
         for _, value in self._scan(Keys.history(channel, trigger_id)):
             yield value
 
+    def trigger_ratings(self, channel: str, trigger_id: str) -> Iterator[tuple[int, bytes]]:
+        """A trigger's ratings as (cause seq, JSON), by cause seq."""
+        prefix = Keys.trigger_ratings(channel, trigger_id)
+        for key, value in self._scan(prefix):
+            yield int.from_bytes(key[len(prefix) :], "big"), value
+
     def last_firing_order(self, channel: str, trigger_id: str) -> int:
         """The order number of a trigger's latest history entry (0 if none)."""
         last = self._last_key(Keys.history(channel, trigger_id))

@@ -183,6 +183,9 @@ class ChannelPolicy:
         heat_min_band: The least confidence band a recall hit needs to be heated
             (relevance before heat).
         context: How Context ranks candidates and reuses blocks.
+        trigger_min_precision: Useful share of a trigger's rated firings (last 30 days,
+            at least 20 rated) under which it is flagged.
+        trigger_auto_pause: Whether a flagged trigger is paused, with an event saying why.
     """
 
     profiles: dict[str, TypeProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
@@ -220,6 +223,8 @@ class ChannelPolicy:
     ingest: IngestTuning = field(default_factory=IngestTuning)
     heat_min_band: str = "mid"
     context: ContextWeights = field(default_factory=ContextWeights)
+    trigger_min_precision: float = 0.5
+    trigger_auto_pause: bool = False
 
     def profile(self, memory_type: str) -> TypeProfile:
         """The decay profile of a memory type."""
