@@ -403,6 +403,7 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
             prune_heat=0.01,
             channel_cooling=0.25,
             max_conflicts=7,
+            interval_seconds=7200.0,
         ),
         ingest=IngestTuning(
             near_duplicate_similarity=0.9,
@@ -414,6 +415,9 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
             entity_hub=20,
         ),
         heat_min_band="high",
+        decay_curve="elastic",
+        trigger_min_precision=0.3,
+        trigger_auto_pause=True,
         context=ContextWeights(
             similarity=0.5, heat=0.2, recency=0.1, source=0.3, reuse_seconds=60.0
         ),

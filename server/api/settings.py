@@ -60,6 +60,7 @@ _CHOICES: dict[str, _Choice] = {
 # per-store or per-recall work in the hundreds or thousands, weights and gains small.
 _SECOND = 1.0
 _DAY = 86_400.0
+_MINUTE = 60.0
 _CENTURY = 36_525 * _DAY
 _DURATION = "1 second to 100 years"
 
@@ -78,6 +79,7 @@ class _Rule:
             policy itself.
         choices: The names a ``str`` value may take.
         note: The range in words, when the numbers alone do not say it (a duration).
+        off: Whether 0 is allowed too, below ``low``, meaning "off".
     """
 
     attr: str
@@ -87,6 +89,7 @@ class _Rule:
     group: str = ""
     choices: tuple[str, ...] = ()
     note: str = ""
+    off: bool = False
 
     def check(self, field: str, value: Any) -> Any:
         """The value if it is allowed; otherwise InvalidArgumentError naming ``field``."""
@@ -97,6 +100,8 @@ class _Rule:
                 allowed = ", ".join(repr(c) for c in self.choices)
                 raise InvalidArgumentError(f"{field}: must be one of {allowed}, got {value!r}")
             return str(value)
+        if self.off and value == 0:
+            return self.kind(value)
         if not (math.isfinite(value) and self.low <= value <= self.high):
             raise InvalidArgumentError(f"{field}: must be {self.range()}, got {value}")
         return self.kind(value)
@@ -104,7 +109,8 @@ class _Rule:
     def range(self) -> str:
         """The values a number may take, as a message says them."""
         note = f" ({self.note})" if self.note else ""
-        return f"in [{_number(self.low)}, {_number(self.high)}]{note}"
+        off = " or 0 (off)" if self.off else ""
+        return f"in [{_number(self.low)}, {_number(self.high)}]{off}{note}"
 
 
 def _number(bound: float) -> str:
@@ -205,6 +211,15 @@ _SCALARS: dict[str, _Rule] = {
     "dream_prune_heat": _dream("prune_heat"),
     "dream_channel_cooling": _dream("channel_cooling"),
     "dream_max_conflicts": _count("max_conflicts", 0, 10_000, group="dreams"),
+    "dream_interval_seconds": _Rule(
+        "interval_seconds",
+        float,
+        _MINUTE,
+        _CENTURY,
+        "dreams",
+        note="a minute to 100 years",
+        off=True,
+    ),
     "ingest_near_duplicate_similarity": _ingest("near_duplicate_similarity"),
     "ingest_near_duplicate_penalty": _ingest("near_duplicate_penalty"),
     "ingest_novelty_neighbours": _count("novelty_neighbours", 1, 1000, group="ingest"),

@@ -105,6 +105,8 @@ class Channel:
     arrivals: int = 0
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
     dropped: bool = False
+    dreaming: bool = False
+    """A dream the curator's schedule asked for is under way."""
     on_due: Callable[[float, str], None] | None = None
     on_large: Callable[[Channel], None] | None = None
     approximate_above: int = APPROXIMATE_ABOVE
@@ -115,6 +117,7 @@ class Channel:
         self.index = ChannelIndex(self.dim, self.approximate_above)
         self.attic = ChannelIndex(self.dim, self.approximate_above)
         self.rejections = Rejections(self.name)
+        self._schedule_set_at = self.clock.now()  # the curator's, when it never dreamt
 
     # --- reading -----------------------------------------------------------------
 
@@ -141,6 +144,21 @@ class Channel:
         """How many memories are in each state now, from the counts the view keeps (no
         scan of the channel)."""
         return states_now(self.records, self.schedule, self.policy, self.clocks())
+
+    def dream_due_at(self) -> float:
+        """When the curator's schedule dreams next: ``dreams.interval_seconds`` after the
+        last dream (or after the schedule was set, for a channel that never dreamt);
+        ``math.inf`` while the schedule is off."""
+        interval = self.policy.dreams.interval_seconds
+        if interval <= 0.0:
+            return math.inf
+        return (self.state.last_dream_at or self._schedule_set_at) + interval
+
+    def note_dream(self) -> None:
+        """Tell the due timer when the curator's schedule dreams next (if it is on)."""
+        due = self.dream_due_at()
+        if due != math.inf and not self.dreaming and self.on_due is not None:
+            self.on_due(due, self.name)
 
     def neighbourhood(self) -> Neighbourhood:
         """What a store links new memories against (read, never written, by ingest)."""
@@ -207,7 +225,10 @@ class Channel:
             if isinstance(op, SetState):
                 if op.state.sweeps > self.state.sweeps:
                     self.cold_since_sweep = 0  # a sweep was counted: cold ones count anew
+                dreamt = op.state.last_dream_at != self.state.last_dream_at
                 self.state = op.state
+                if dreamt:
+                    self.note_dream()
         new: list[tuple[MemoryRecord, np.ndarray]] = []  # indexed together, at the end
         touched: list[str] = []
         for op in change.ops:
@@ -293,8 +314,11 @@ class Channel:
             case SettleConflict(a, b):
                 self.conflicts.pop(conflict_pair(a, b), None)
             case SetPolicy(policy):
+                if policy.dreams.interval_seconds != self.policy.dreams.interval_seconds:
+                    self._schedule_set_at = self.clock.now()
                 self.policy = policy
                 self._reschedule()
+                self.note_dream()
             case PutKey():
                 self.rejections.take(op)  # the others are other components' bookkeeping
             case _:

@@ -116,6 +116,8 @@ class Dreamer:
             report.archived = len(report.archived_ids)
             state = replace(channel.state)
             state.cool(policy, clocks.now)
+            if not cold_only:
+                state.last_dream_at = clocks.now  # the curator's schedule counts from here
             report.channel_heat_after = state.heat(policy, clocks.now)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
             event = EventRecord(

@@ -9,8 +9,10 @@ work (listing, status, conflicts) are the registry's, as ``engine.channels``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -298,16 +300,32 @@ class MemoryEngine:
     def settle_due(self) -> None:
         """Persist, on time, what fell due by itself in every channel whose moment came
         (see :mod:`calor.server.engine.due`): state changes, their ``on_decay`` events,
-        the consolidation sweep a channel owes."""
+        the consolidation sweep a channel owes, the dream its curator's schedule owes."""
         due = self.channels.due
-        for name in due.take_due(self._clock.now()):
+        now = self._clock.now()
+        for name in due.take_due(now):
             channel = self.channels.find(name)
             if channel is None:
                 continue
             with channel.lock:
                 self._migrate_due(channel)
-                if channel.schedule:
-                    due.note(channel.schedule[0][0], name)
+                if not channel.dreaming and now >= channel.dream_due_at():
+                    channel.dreaming = True  # its dream notes the next moment when done
+                    self.background(partial(self._scheduled_dream, channel))
+                moments = [channel.schedule[0][0]] if channel.schedule else []
+                if not channel.dreaming:
+                    moments.append(channel.dream_due_at())
+                if min(moments, default=math.inf) != math.inf:
+                    due.note(min(moments), name)
+
+    def _scheduled_dream(self, channel: Channel) -> None:
+        """The dream the curator's schedule owes a channel (``dream_interval_seconds``)."""
+        try:
+            self.dream(channel.name)
+        finally:
+            with channel.lock:
+                channel.dreaming = False
+                channel.note_dream()
 
     # --- reads -----------------------------------------------------------------
 

@@ -26,6 +26,8 @@ class ChannelState:
     interactions: int = 0
     entropy: int = 0
     sweeps: int = 0
+    last_dream_at: float = 0.0
+    """When the channel last dreamt (a consolidation sweep aside); 0 if never."""
 
     def heat(self, policy: ChannelPolicy, now: float) -> float:
         """The channel's heat now."""

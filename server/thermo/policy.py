@@ -74,6 +74,9 @@ class DreamThresholds:
         prune_heat: Heat below which a ghost is pruned.
         channel_cooling: Share of the channel's heat a dream takes away.
         max_conflicts: Most conflicts one dream opens, the closest pairs first.
+        interval_seconds: The curator's schedule: a dream this long after the last one
+            (or after the setting is made); 0 (the default) dreams only when asked, when
+            offered entropy crosses the threshold, or in a consolidation sweep.
     """
 
     conflict_similarity: float = 0.80
@@ -90,6 +93,7 @@ class DreamThresholds:
     prune_heat: float = 1e-3
     channel_cooling: float = 0.50
     max_conflicts: int = 20
+    interval_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
