@@ -160,6 +160,11 @@ class Channel:
         if due != math.inf and not self.dreaming and self.on_due is not None:
             self.on_due(due, self.name)
 
+    def knows_entity(self, key: str) -> bool:
+        """Whether a memory of the channel names the entity of this `entity_key` (so a word
+        that only opens a sentence counts as its name)."""
+        return bool(self.entity_members.get(key))
+
     def neighbourhood(self) -> Neighbourhood:
         """What a store links new memories against (read, never written, by ingest)."""
         return Neighbourhood(

@@ -239,8 +239,8 @@ class ContextBuilder:
         """The memories of the entities a message names: each entity's card when it has
         one, else the latest memories naming it."""
         ids: list[str] = []
-        known = channel.entity_members.__contains__  # "Alice called." names Alice if known
-        for entity in extract_entities(message, known)[:_ENTITIES]:
+        # "Alice called." names Alice where the channel knows her.
+        for entity in extract_entities(message, channel.knows_entity)[:_ENTITIES]:
             key = entity_key(entity)
             card = self._cards.card(channel, key)
             if card is not None:

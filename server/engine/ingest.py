@@ -61,6 +61,10 @@ class Neighbourhood:
             return None
         return found
 
+    def knows_entity(self, key: str) -> bool:
+        """Whether a memory of the channel, or of the batch so far, names this entity."""
+        return bool(self.members(key))
+
     def remember(self, record: MemoryRecord) -> None:
         """Let later items of the same batch link to this record."""
         for entity in dict.fromkeys(entity_key(e) for e in record.entities):
@@ -188,7 +192,7 @@ def _one(
         importance=importance,
         keystone=item.keystone,
         tags=dict(item.tags),
-        entities=reading.entities(lambda key: bool(hood.members(key))),
+        entities=reading.entities(hood.knows_entity),
         source=item.source,
         confidence=item.confidence,
         provenance=provenance,

@@ -312,11 +312,11 @@ class MemoryEngine:
                 if not channel.dreaming and now >= channel.dream_due_at():
                     channel.dreaming = True  # its dream notes the next moment when done
                     self.background(partial(self._scheduled_dream, channel))
-                moments = [channel.schedule[0][0]] if channel.schedule else []
+                upcoming = channel.schedule[0][0] if channel.schedule else math.inf
                 if not channel.dreaming:
-                    moments.append(channel.dream_due_at())
-                if min(moments, default=math.inf) != math.inf:
-                    due.note(min(moments), name)
+                    upcoming = min(upcoming, channel.dream_due_at())
+                if upcoming != math.inf:
+                    due.note(upcoming, name)
 
     def _scheduled_dream(self, channel: Channel) -> None:
         """The dream the curator's schedule owes a channel (``dream_interval_seconds``)."""
@@ -512,7 +512,7 @@ class MemoryEngine:
                 if older.state == DELETED:
                     raise NotFoundError(f"supersedes: memory {older.id} was forgotten")
             changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
-            change.apply(changed, clocks.now, lambda key: bool(live.entity_members.get(key)))
+            change.apply(changed, clocks.now, live.knows_entity)
             if older is not None:
                 mark_superseded(older, changed, policy, clocks)
             survivor = None
