@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
+from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.events import EventRecord
@@ -16,7 +18,9 @@ from calor.server.storage.store import MemoryStore
 from calor.triggers.rules import TriggerRule
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
+from calor.v1 import settings_service_pb2 as spb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
+from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 
 EPISODIC = memory_pb2.MEMORY_TYPE_EPISODIC
 FACT = memory_pb2.MEMORY_TYPE_FACT
@@ -46,6 +50,24 @@ def utc(text: str) -> datetime:
 def store(stub: MemoryServiceStub, channel: str, text: str, **fields: object) -> memory_pb2.Memory:
     """Store one memory and return it."""
     return stub.Store(pb.StoreRequest(channel=channel, text=text, **fields)).memory  # type: ignore[arg-type]
+
+
+def update_settings(
+    channel: grpc.Channel, name: str, **fields: object
+) -> memory_pb2.ChannelSettings:
+    """Set the ChannelSettings fields given (and only those) of channel ``name``; the
+    settings that result."""
+    return (
+        SettingsServiceStub(channel)
+        .UpdateSettings(
+            spb.UpdateSettingsRequest(
+                channel=name,
+                settings=memory_pb2.ChannelSettings(**fields),  # type: ignore[arg-type]
+                update_mask=FieldMask(paths=list(fields)),
+            )
+        )
+        .settings
+    )
 
 
 def total(stub: MemoryServiceStub, channel: str) -> int:

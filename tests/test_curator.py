@@ -8,18 +8,14 @@ import time
 from collections.abc import Callable
 
 import grpc
-from google.protobuf.field_mask_pb2 import FieldMask
 
 from calor.server.clock import ManualClock
-from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
-from calor.v1 import settings_service_pb2 as spb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
-from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import store
+from tests.helpers import store, update_settings
 
 HOUR = 3600.0
 
@@ -47,13 +43,7 @@ def test_a_channel_dreams_on_its_schedule_and_not_without_one(
     server = start_server(clock=clock)
     with grpc.insecure_channel(server.target) as channel:
         stub = MemoryServiceStub(channel)
-        SettingsServiceStub(channel).UpdateSettings(
-            spb.UpdateSettingsRequest(
-                channel="curated",
-                settings=memory_pb2.ChannelSettings(dream_interval_seconds=HOUR),
-                update_mask=FieldMask(paths=["dream_interval_seconds"]),
-            )
-        )
+        update_settings(channel, "curated", dream_interval_seconds=HOUR)
         for name in ("curated", "left-alone"):
             store(stub, name, "The spare key is under the blue flowerpot.")
             store(stub, name, "The spare key is under the blue flowerpot!")

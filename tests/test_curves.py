@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from google.protobuf.field_mask_pb2 import FieldMask
 
 from calor.server.clock import ManualClock
 from calor.server.records import MemoryRecord
@@ -27,7 +26,7 @@ from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import DAY, EPISODIC, VECTORS, store
+from tests.helpers import DAY, EPISODIC, VECTORS, store, update_settings
 
 PINNED = json.loads((VECTORS / "curves.json").read_text())
 CURVE_NUMBERS = {
@@ -104,13 +103,8 @@ def test_every_curve_inverts_exactly(curve: str) -> None:
 
 def set_curve(
     channel: grpc.Channel, name: str, curve: int, **fields: object
-) -> spb.UpdateSettingsResponse:
-    settings = memory_pb2.ChannelSettings(decay_curve=curve, **fields)  # type: ignore[arg-type]
-    return SettingsServiceStub(channel).UpdateSettings(
-        spb.UpdateSettingsRequest(
-            channel=name, settings=settings, update_mask=FieldMask(paths=["decay_curve", *fields])
-        )
-    )
+) -> memory_pb2.ChannelSettings:
+    return update_settings(channel, name, decay_curve=curve, **fields)
 
 
 def settings_of(channel: grpc.Channel, name: str) -> memory_pb2.ChannelSettings:

@@ -10,33 +10,20 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from google.protobuf.field_mask_pb2 import FieldMask
 
 from calor.server.clock import ManualClock
 from calor.server.thermo.heat import DEFAULT_PROFILES, seconds_until
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
-from calor.v1 import settings_service_pb2 as spb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
-from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import CORE, DAY, EPISODIC, FACT, store
+from tests.helpers import CORE, DAY, EPISODIC, FACT, store, update_settings
 
 PREFERENCE = memory_pb2.MEMORY_TYPE_PREFERENCE
 COLD = memory_pb2.MEMORY_STATE_COLD
 ARCHIVED = memory_pb2.MEMORY_STATE_ARCHIVED
-
-
-def update_settings(channel: grpc.Channel, name: str, **fields: object) -> None:
-    SettingsServiceStub(channel).UpdateSettings(
-        spb.UpdateSettingsRequest(
-            channel=name,
-            settings=memory_pb2.ChannelSettings(**fields),  # type: ignore[arg-type]
-            update_mask=FieldMask(paths=list(fields)),
-        )
-    )
 
 
 def inspect(stub: MemoryServiceStub, channel: str, memory_id: str) -> pb.InspectResponse:

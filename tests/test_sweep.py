@@ -10,18 +10,15 @@ import time
 from collections.abc import Callable
 
 import grpc
-from google.protobuf.field_mask_pb2 import FieldMask
 
 from calor.server.clock import ManualClock
 from calor.v1 import memory_pb2
 from calor.v1 import memory_service_pb2 as pb
-from calor.v1 import settings_service_pb2 as spb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
-from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
-from tests.helpers import CORE, DAY, EPISODIC, store, ts
+from tests.helpers import CORE, DAY, EPISODIC, store, ts, update_settings
 
 COLD = memory_pb2.MEMORY_STATE_COLD
 ARCHIVED = memory_pb2.MEMORY_STATE_ARCHIVED
@@ -50,13 +47,7 @@ def test_the_sweep_archives_the_coldest_until_the_channel_is_under_its_trigger(
     server = start_server(clock=clock)
     with grpc.insecure_channel(server.target) as channel:
         stub = MemoryServiceStub(channel)
-        SettingsServiceStub(channel).UpdateSettings(
-            spb.UpdateSettingsRequest(
-                channel="diary",
-                settings=memory_pb2.ChannelSettings(cold_count_trigger=TRIGGER),
-                update_mask=FieldMask(paths=["cold_count_trigger"]),
-            )
-        )
+        update_settings(channel, "diary", cold_count_trigger=TRIGGER)
         events = TriggerServiceStub(channel).Subscribe(
             tpb.SubscribeRequest(channels=["diary"], kinds=[tpb.EVENT_KIND_DREAM]), timeout=20
         )

@@ -10,15 +10,11 @@ import time
 
 import grpc
 import pytest
-from google.protobuf.field_mask_pb2 import FieldMask
 
-from calor.v1 import memory_pb2
-from calor.v1 import settings_service_pb2 as spb
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
-from calor.v1.settings_service_pb2_grpc import SettingsServiceStub
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
-from tests.helpers import store
+from tests.helpers import store, update_settings
 
 USEFUL, NOISE = tpb.TRIGGER_RATING_USEFUL, tpb.TRIGGER_RATING_NOISE
 
@@ -51,13 +47,7 @@ def test_ratings_give_precision_flag_and_with_auto_pause_pause_the_trigger(
     memories: MemoryServiceStub, grpc_channel: grpc.Channel, channel_name: str
 ) -> None:
     triggers = TriggerServiceStub(grpc_channel)
-    SettingsServiceStub(grpc_channel).UpdateSettings(
-        spb.UpdateSettingsRequest(
-            channel=channel_name,
-            settings=memory_pb2.ChannelSettings(trigger_min_precision=0.6, trigger_auto_pause=True),
-            update_mask=FieldMask(paths=["trigger_min_precision", "trigger_auto_pause"]),
-        )
-    )
+    update_settings(grpc_channel, channel_name, trigger_min_precision=0.6, trigger_auto_pause=True)
     rule = tpb.Trigger(
         id="noisy",
         channel=channel_name,
