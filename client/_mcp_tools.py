@@ -179,13 +179,7 @@ async def _status(calor: AsyncCalorClient, a: Arguments) -> Reply:
 
 def dream_text(report: memory_service_pb2.DreamResponse) -> str:
     """A dream report on one line: what each step changed, the channel's heat, the time."""
-    steps = ("migrated", "merged", "keystoned", "promoted", "echoed", "pruned", "archived")
-    counts = ", ".join(f"{step} {getattr(report, step)}" for step in steps)
-    return (
-        f"dreamed: {counts}, {_count(report.conflicts, 'conflict', 'conflicts')}; channel heat "
-        f"{report.channel_heat_before:.2f} -> {report.channel_heat_after:.2f} "
-        f"({report.duration_ms} ms)"
-    )
+    return f"dreamed: {_render.dreamed(report)}"
 
 
 async def _dream(calor: AsyncCalorClient, a: Arguments) -> Reply:

@@ -153,7 +153,17 @@ def dreamed(report: memory_service_pb2.DreamResponse) -> str:
     )
     steps = ", ".join(
         f"{name} {getattr(report, name)}"
-        for name in ("migrated", "merged", "keystoned", "promoted", "echoed", "pruned", "archived")
+        for name in (
+            "migrated",
+            "merged",
+            "keystoned",
+            "promoted",
+            "reclassified",
+            "summarised",
+            "echoed",
+            "pruned",
+            "archived",
+        )
     )
     return (
         f"{steps}, conflicts {report.conflicts}{unopened}; "

@@ -6,7 +6,14 @@ import re
 
 from calor.models._lexicon import DATE, MONTH
 
-__all__ = ["classify_type"]
+__all__ = ["CLASSIFIER_VERSION", "classify_type"]
+
+CLASSIFIER_VERSION = 2
+"""The version of :func:`classify_type`'s rules: raise it whenever a change to them can give
+another type for some text. A memory whose type was inferred records the version that
+inferred it, and a dream classifies it again once this is higher. (Version 1 was the
+classifier before versions were recorded; memories stored then carry none, since whether
+their type was inferred is not known, and keep their type.)"""
 
 _CLASSIFY_CHARS = 1_000  # a memory's type shows in its opening; long texts are read no further
 _CLASSIFY_SENTENCES = 12

@@ -146,6 +146,7 @@ class UpdateChange:
             record.entities = extract_entities(self.text, known)
         if self.memory_type is not None:
             record.memory_type = self.memory_type
+            record.classifier_version = 0  # given now: never classified again
         if self.tags is not None:
             record.tags = dict(self.tags)
         if self.importance is not None:

@@ -56,6 +56,9 @@ class MemoryRecord:
     session: str = ""
     surprise: float = 0.0
     importance_adjustment: float = 0.0
+    classifier_version: int = 0
+    """The version of the type classifier that inferred ``memory_type``; 0 when the type
+    was given (by the caller, an import or a dream's promotion) and is never re-read."""
 
     @property
     def superseded(self) -> bool:

@@ -13,7 +13,10 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+
+import numpy as np
 
 from calor.server.api.memory_service import MemoryServicer
 from calor.server.api.observe import counts_reader
@@ -35,6 +38,9 @@ from calor.triggers.webhook import WebhookPolicy
 __all__ = ["Shard"]
 
 log = logging.getLogger("calor.server")
+
+# A dream waits this long at most for the model to embed an episode's sentences.
+_DREAM_EMBED_SECONDS = 300.0
 
 
 class Shard:
@@ -96,6 +102,7 @@ class Shard:
             config.memory_budget_mb * 1024 * 1024,
         )
         engine.background = self.runtime.executor.submit
+        engine.use_model(partial(_embed_from_thread, embeddings, loop))
         settle()  # the channels just loaded live until forgotten: out of the collector's view
         triggers = TriggerEngine(
             store,
@@ -161,3 +168,12 @@ class Shard:
             self._purger.close()
         if self.store is not None:
             self.store.close()
+
+
+def _embed_from_thread(
+    embeddings: EmbeddingQueue, loop: asyncio.AbstractEventLoop, texts: list[str]
+) -> np.ndarray:
+    """Passages embedded by the model's queue on ``loop``, for a dream on a worker thread
+    (a server stopping meanwhile gives up after a while instead of holding the thread)."""
+    done = asyncio.run_coroutine_threadsafe(embeddings.passages(texts), loop)
+    return done.result(timeout=_DREAM_EMBED_SECONDS)

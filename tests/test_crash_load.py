@@ -50,6 +50,7 @@ GONE = memory_pb2.MEMORY_STATE_DELETED
 RECALLED_STATES = {memory_pb2.MEMORY_STATE_ACTIVE, memory_pb2.MEMORY_STATE_COLD}
 ALL_STATES = [s for s in memory_pb2.MemoryState.values() if s]
 HALF_LIFE_S = 86_400.0  # episodic; every other type decays slower
+SUMMARY_COOLING = 0.5  # dream_episode_cooling's default
 RECALL_CHECKS = 60  # memories written in a round that a recall looks for afterwards
 CALL_TIMEOUT_S = 60.0
 _BATCH_JITTER = 0.003  # how far a text's embedding moves with the batch it is embedded in
@@ -240,7 +241,7 @@ class Worker(threading.Thread):
         known.forgetting = True
         request = pb.ForgetRequest(channel=self.channel, ids=[memory_id])
         forgotten = stub.Forget(request, timeout=CALL_TIMEOUT_S).forgotten
-        if forgotten != 1:
+        if forgotten not in (1, 2):  # 2: with the episode summary that quotes it
             self.ledger.fail(f"forget of {memory_id} answered forgotten={forgotten}")
         with self.ledger.lock:
             known.forgotten, known.forgetting = True, False
@@ -347,7 +348,8 @@ def _check_unanswered(
 
 
 def _check_memory(memory: memory_pb2.Memory, known: Known, verdict: Verdict, round_: int) -> None:
-    """One memory against what was acknowledged; what was in flight is settled."""
+    """One memory against what was acknowledged; what was in flight is settled. A boost
+    holds but for what a dream's episode summary takes, once (half, by default)."""
     if known.forgetting:  # the forget may or may not have committed
         known.forgotten, known.forgetting = memory.state == GONE, False
     if known.forgotten:
@@ -363,6 +365,8 @@ def _check_memory(memory: memory_pb2.Memory, known: Known, verdict: Verdict, rou
     if known.boosted is not None and memory.state in RECALLED_STATES:
         heat, when = known.boosted
         floor = heat * 2 ** (-(time.time() - when + 1.0) / HALF_LIFE_S) - 1e-9
+        if "summarised_in" in memory.tags:
+            floor *= 1.0 - SUMMARY_COOLING
         verdict.expect(memory.heat >= floor, f"{memory.id} lost its boost: {memory.heat} < {floor}")
 
 

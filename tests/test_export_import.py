@@ -139,6 +139,7 @@ OTHERS = [
 ]
 COMPARED = (
     "text",
+    "classifier_version",
     "memory_type",
     "stability",
     "importance",

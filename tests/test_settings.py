@@ -404,6 +404,8 @@ def test_every_policy_field_is_in_the_api_and_round_trips() -> None:
             channel_cooling=0.25,
             max_conflicts=7,
             interval_seconds=7200.0,
+            episode_min=12,
+            episode_cooling=0.3,
         ),
         ingest=IngestTuning(
             near_duplicate_similarity=0.9,

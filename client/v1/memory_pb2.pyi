@@ -139,6 +139,8 @@ class _EdgeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EdgeKind.Val
     EDGE_KIND_MANUAL: _EdgeKind.ValueType  # 6
     EDGE_KIND_SUPERSEDES: _EdgeKind.ValueType  # 7
     """From a memory to the older one it supersedes (Update's supersedes)."""
+    EDGE_KIND_SUMMARY: _EdgeKind.ValueType  # 8
+    """From an episode's summary (a dream's curator step) to each memory it summarises."""
 
 class EdgeKind(_EdgeKind, metaclass=_EdgeKindEnumTypeWrapper):
     """The kind of a graph edge between two memories."""
@@ -152,6 +154,8 @@ EDGE_KIND_ECHO: EdgeKind.ValueType  # 5
 EDGE_KIND_MANUAL: EdgeKind.ValueType  # 6
 EDGE_KIND_SUPERSEDES: EdgeKind.ValueType  # 7
 """From a memory to the older one it supersedes (Update's supersedes)."""
+EDGE_KIND_SUMMARY: EdgeKind.ValueType  # 8
+"""From an episode's summary (a dream's curator step) to each memory it summarises."""
 Global___EdgeKind: _TypeAlias = EdgeKind  # noqa: Y015
 
 class _DecayMode:
@@ -284,6 +288,7 @@ class Memory(_message.Message):
     SURPRISE_FIELD_NUMBER: _builtins.int
     IMPORTANCE_ADJUSTMENT_FIELD_NUMBER: _builtins.int
     CONTENT_WITHHELD_FIELD_NUMBER: _builtins.int
+    CLASSIFIER_VERSION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     channel: _builtins.str
     text: _builtins.str
@@ -310,6 +315,11 @@ class Memory(_message.Message):
     """True when the caller's key may write the memory's channel but not read it (an
     answer to Store, Update, Keystone, Boost or Share): text, tags, entities and
     provenance are left out; the id, state, heat and the other numbers are there.
+    """
+    classifier_version: _builtins.int
+    """The version of the type classifier that inferred memory_type; 0 when the type was
+    given (by the caller, an import, or a dream that promoted it). A dream classifies the
+    memory again once the server's classifier is newer.
     """
     @_builtins.property
     def tags(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -356,10 +366,11 @@ class Memory(_message.Message):
         surprise: _builtins.float = ...,
         importance_adjustment: _builtins.float = ...,
         content_withheld: _builtins.bool = ...,
+        classifier_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_recalled_at", b"last_recalled_at", "t0", b"t0", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "confidence", b"confidence", "content_withheld", b"content_withheld", "created_at", b"created_at", "entities", b"entities", "heat", b"heat", "heat0", b"heat0", "id", b"id", "importance", b"importance", "importance_adjustment", b"importance_adjustment", "keystone", b"keystone", "last_recalled_at", b"last_recalled_at", "memory_type", b"memory_type", "merged_from", b"merged_from", "merged_into", b"merged_into", "provenance", b"provenance", "recall_count", b"recall_count", "source", b"source", "stability", b"stability", "state", b"state", "surprise", b"surprise", "t0", b"t0", "tags", b"tags", "text", b"text", "updated_at", b"updated_at", "utility", b"utility"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "classifier_version", b"classifier_version", "confidence", b"confidence", "content_withheld", b"content_withheld", "created_at", b"created_at", "entities", b"entities", "heat", b"heat", "heat0", b"heat0", "id", b"id", "importance", b"importance", "importance_adjustment", b"importance_adjustment", "keystone", b"keystone", "last_recalled_at", b"last_recalled_at", "memory_type", b"memory_type", "merged_from", b"merged_from", "merged_into", b"merged_into", "provenance", b"provenance", "recall_count", b"recall_count", "source", b"source", "stability", b"stability", "state", b"state", "surprise", b"surprise", "t0", b"t0", "tags", b"tags", "text", b"text", "updated_at", b"updated_at", "utility", b"utility"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -529,6 +540,8 @@ class ChannelSettings(_message.Message):
     TRIGGER_MIN_PRECISION_FIELD_NUMBER: _builtins.int
     TRIGGER_AUTO_PAUSE_FIELD_NUMBER: _builtins.int
     DREAM_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    DREAM_EPISODE_MIN_FIELD_NUMBER: _builtins.int
+    DREAM_EPISODE_COOLING_FIELD_NUMBER: _builtins.int
     decay_mode: Global___DecayMode.ValueType
     gate_fidelity: _builtins.bool
     gate_heat_ceiling: _builtins.bool
@@ -664,6 +677,13 @@ class ChannelSettings(_message.Message):
     """The curator's schedule: a dream this many seconds after the channel's last one (or
     after this is set); 0 (the default) is off.
     """
+    dream_episode_min: _builtins.int
+    """The curator's episode summaries: a session of at least this many episodic memories
+    (linked by sequence edges) gets one semantic memory of its most central sentences in
+    the next dream; 0 is off (default 8).
+    """
+    dream_episode_cooling: _builtins.float
+    """The share of each summarised memory's heat its summary takes away (default 0.5)."""
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeProfile]: ...
     @_builtins.property
@@ -746,10 +766,12 @@ class ChannelSettings(_message.Message):
         trigger_min_precision: _builtins.float = ...,
         trigger_auto_pause: _builtins.bool = ...,
         dream_interval_seconds: _builtins.float = ...,
+        dream_episode_min: _builtins.int = ...,
+        dream_episode_cooling: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "context_reuse_seconds", b"context_reuse_seconds", "context_weight_heat", b"context_weight_heat", "context_weight_recency", b"context_weight_recency", "context_weight_similarity", b"context_weight_similarity", "context_weight_source", b"context_weight_source", "decay_curve", b"decay_curve", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_interval_seconds", b"dream_interval_seconds", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_max_conflicts", b"dream_max_conflicts", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "heat_min_band", b"heat_min_band", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "trigger_auto_pause", b"trigger_auto_pause", "trigger_min_precision", b"trigger_min_precision", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boost_delta", b"boost_delta", "channel_heat_half_life_seconds", b"channel_heat_half_life_seconds", "cold_count_trigger", b"cold_count_trigger", "cold_migration_days", b"cold_migration_days", "cold_threshold", b"cold_threshold", "confidence_high", b"confidence_high", "confidence_keyword_overlap", b"confidence_keyword_overlap", "confidence_keyword_similarity", b"confidence_keyword_similarity", "confidence_mid", b"confidence_mid", "context_reuse_seconds", b"context_reuse_seconds", "context_weight_heat", b"context_weight_heat", "context_weight_recency", b"context_weight_recency", "context_weight_similarity", b"context_weight_similarity", "context_weight_source", b"context_weight_source", "decay_curve", b"decay_curve", "decay_mode", b"decay_mode", "default_importance", b"default_importance", "dream_archive_age_days", b"dream_archive_age_days", "dream_archive_exempt_types", b"dream_archive_exempt_types", "dream_archive_heat", b"dream_archive_heat", "dream_archive_importance", b"dream_archive_importance", "dream_archive_recalls", b"dream_archive_recalls", "dream_channel_cooling", b"dream_channel_cooling", "dream_conflict_similarity", b"dream_conflict_similarity", "dream_episode_cooling", b"dream_episode_cooling", "dream_episode_min", b"dream_episode_min", "dream_interval_seconds", b"dream_interval_seconds", "dream_keystone_heat", b"dream_keystone_heat", "dream_keystone_recalls", b"dream_keystone_recalls", "dream_max_conflicts", b"dream_max_conflicts", "dream_merge_similarity", b"dream_merge_similarity", "dream_prune_heat", b"dream_prune_heat", "dream_semantic_importance", b"dream_semantic_importance", "dream_semantic_recalls", b"dream_semantic_recalls", "entity_link_max", b"entity_link_max", "entropy_threshold", b"entropy_threshold", "gate_fidelity", b"gate_fidelity", "gate_heat_ceiling", b"gate_heat_ceiling", "gate_load", b"gate_load", "heat_ceiling", b"heat_ceiling", "heat_min_band", b"heat_min_band", "ingest_entity_hub", b"ingest_entity_hub", "ingest_familiar_similarity", b"ingest_familiar_similarity", "ingest_near_duplicate_penalty", b"ingest_near_duplicate_penalty", "ingest_near_duplicate_similarity", b"ingest_near_duplicate_similarity", "ingest_novel_similarity", b"ingest_novel_similarity", "ingest_novelty_bonus", b"ingest_novelty_bonus", "ingest_novelty_neighbours", b"ingest_novelty_neighbours", "interaction_unit_seconds", b"interaction_unit_seconds", "load_inflight_critical", b"load_inflight_critical", "load_reduced_limit", b"load_reduced_limit", "profiles", b"profiles", "recall_heat", b"recall_heat", "resonance_damping", b"resonance_damping", "resonance_depth", b"resonance_depth", "resonance_spread", b"resonance_spread", "semantic_link_max", b"semantic_link_max", "semantic_link_threshold", b"semantic_link_threshold", "session_gap_seconds", b"session_gap_seconds", "survival_gate", b"survival_gate", "temporal_fade_days", b"temporal_fade_days", "thermal_gate", b"thermal_gate", "trigger_auto_pause", b"trigger_auto_pause", "trigger_min_precision", b"trigger_min_precision", "weight_heat", b"weight_heat", "weight_keyword", b"weight_keyword", "weight_lexical", b"weight_lexical", "weight_own_channel", b"weight_own_channel", "weight_similarity", b"weight_similarity", "weight_source", b"weight_source", "weight_temporal", b"weight_temporal", "working_promotion_recalls", b"working_promotion_recalls", "working_promotion_seconds", b"working_promotion_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1176,6 +1176,9 @@ class DreamResponse(_message.Message):
     SWEPT_FIELD_NUMBER: _builtins.int
     ARCHIVED_IDS_FIELD_NUMBER: _builtins.int
     MERGED_IDS_FIELD_NUMBER: _builtins.int
+    RECLASSIFIED_FIELD_NUMBER: _builtins.int
+    SUMMARISED_FIELD_NUMBER: _builtins.int
+    SUMMARY_IDS_FIELD_NUMBER: _builtins.int
     migrated: _builtins.int
     merged: _builtins.int
     keystoned: _builtins.int
@@ -1193,12 +1196,19 @@ class DreamResponse(_message.Message):
     """Of archived: the coldest a consolidation sweep moved to cold storage so that the
     channel holds fewer cold memories than its cold_count_trigger.
     """
+    reclassified: _builtins.int
+    """The curator's steps: memories whose inferred type a newer classifier changed, and
+    the episode summaries made (each a new semantic memory linked to its sources).
+    """
+    summarised: _builtins.int
     @_builtins.property
     def archived_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Each memory moved to cold storage, and each merged into another (not the survivors)."""
 
     @_builtins.property
     def merged_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def summary_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -1217,10 +1227,13 @@ class DreamResponse(_message.Message):
         swept: _builtins.int = ...,
         archived_ids: _abc.Iterable[_builtins.str] | None = ...,
         merged_ids: _abc.Iterable[_builtins.str] | None = ...,
+        reclassified: _builtins.int = ...,
+        summarised: _builtins.int = ...,
+        summary_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "archived_ids", b"archived_ids", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "merged_ids", b"merged_ids", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned", "swept", b"swept"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "archived_ids", b"archived_ids", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "merged_ids", b"merged_ids", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned", "reclassified", b"reclassified", "summarised", b"summarised", "summary_ids", b"summary_ids", "swept", b"swept"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

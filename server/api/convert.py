@@ -78,6 +78,7 @@ def memory_message(record: MemoryRecord, heat: float, readable: bool = True) -> 
         t0=timestamp_message(record.t0),
         surprise=record.surprise,
         importance_adjustment=record.importance_adjustment,
+        classifier_version=record.classifier_version,
     )
     if record.last_recalled_at is not None:
         message.last_recalled_at.CopyFrom(timestamp_message(record.last_recalled_at))

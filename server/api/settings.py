@@ -220,6 +220,8 @@ _SCALARS: dict[str, _Rule] = {
         note="a minute to 100 years",
         off=True,
     ),
+    "dream_episode_min": _Rule("episode_min", int, 2, 10_000, "dreams", off=True),
+    "dream_episode_cooling": _dream("episode_cooling"),
     "ingest_near_duplicate_similarity": _ingest("near_duplicate_similarity"),
     "ingest_near_duplicate_penalty": _ingest("near_duplicate_penalty"),
     "ingest_novelty_neighbours": _count("novelty_neighbours", 1, 1000, group="ingest"),

@@ -23,6 +23,7 @@ import numpy as np
 
 from calor.server import deadline
 from calor.server.engine.channel import Channel, conflict_pair
+from calor.server.engine.curator import SUMMARY_TAG, quotes_sentence_of
 from calor.server.engine.evaluate import FINDING_TAG
 from calor.server.errors import UnavailableError
 from calor.server.events import EventRecord
@@ -250,8 +251,9 @@ def changing(store: MemoryStore, channel: Channel | None, name: str = "") -> Ite
 
 def forgotten_with(channel: Channel, memory_ids: Iterable[str]) -> list[MemoryRecord]:
     """The memories a forget of ``memory_ids`` takes: those named that are not forgotten
-    yet, the memories merged into them (and into those), and the Evaluate findings that
-    name or quote any of them (a finding is a note about a text, quoting it)."""
+    yet, the memories merged into them (and into those), the episode summaries that
+    quote a sentence of any of them, and the Evaluate findings that name or quote any of
+    them (a finding is a note about a text, quoting it)."""
     gone: dict[str, MemoryRecord] = {}
     todo = list(dict.fromkeys(memory_ids))
     while todo:
@@ -262,6 +264,17 @@ def forgotten_with(channel: Channel, memory_ids: Iterable[str]) -> list[MemoryRe
         todo.extend(record.merged_from)
     if not gone:
         return []
+    for record in list(gone.values()):  # an episode's summary quotes its sources
+        for edge in channel.graph.edges(record.id):
+            summary = channel.records.get(edge.to_id) if edge.kind == "summary" else None
+            if (
+                summary is not None
+                and SUMMARY_TAG in summary.tags
+                and summary.state != DELETED
+                and summary.id not in gone
+                and quotes_sentence_of(summary, record.text)
+            ):
+                gone[summary.id] = summary
     quotes = [_quote_start(r.text) for r in gone.values() if r.text.strip()]
     for record in channel.records.values():
         if record.id in gone or record.state == DELETED or FINDING_TAG not in record.tags:

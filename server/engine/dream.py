@@ -2,7 +2,9 @@
 
 Steps, in order, each counted in the report: materialise heat and states; cold
 migration; conflict detection; merging near-duplicate clusters; keystone promotion;
-type promotion; ghost echoes, then ghost pruning; archival; channel-heat cooling.
+type promotion; the curator's re-classification and episode summaries (see
+:mod:`calor.server.engine.curator`); ghost echoes, then ghost pruning; archival;
+channel-heat cooling.
 Every merge is one atomic RocksDB batch, so a dream cut short by a crash leaves no
 half-merged memory, and the next dream finishes the work. Run again with nothing
 changed, a dream reports zero changes.
@@ -18,8 +20,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from calor.models.contrast import contradiction, same_numbers
-from calor.server.engine.changes import changing
+from calor.server.engine import curator
+from calor.server.engine.changes import changing, commit
 from calor.server.engine.channel import Channel
+from calor.server.engine.curator import Embed
+from calor.server.engine.storing import StorePipeline
 from calor.server.events import EventRecord
 from calor.server.recall.index import ScratchIndex
 from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MERGED, MemoryRecord
@@ -58,6 +63,11 @@ class DreamReport:
     archived_ids: list[str] = field(default_factory=list)
     merged_ids: list[str] = field(default_factory=list)
     """The memories merged into another (each cluster's survivor is not among them)."""
+    reclassified: int = 0
+    """Memories whose inferred type a newer classifier changed."""
+    summarised: int = 0
+    summary_ids: list[str] = field(default_factory=list)
+    """The episode summaries the dream made (each a new semantic memory)."""
 
     def payload(self) -> dict[str, str]:
         """The report as event payload fields (lists of ids comma-joined)."""
@@ -68,12 +78,22 @@ class Dreamer:
     """Runs dreams over a channel's live view; the caller holds the channel's lock.
 
     ``after`` runs at the end of every dream, under the channel's lock: what is derived
-    from the view and refreshed in dreams (entity cards) is rebuilt there.
+    from the view and refreshed in dreams (entity cards) is rebuilt there. ``storing``
+    stores the memories a dream makes (episode summaries), which ``embed`` embeds: without
+    a model (None), a dream makes none.
     """
 
-    def __init__(self, store: MemoryStore, after: Callable[[Channel], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        storing: StorePipeline,
+        after: Callable[[Channel], None] | None = None,
+    ) -> None:
         self._store = store
+        self._storing = storing
         self._after = after
+        self.embed: Embed | None = None
+        """The model, for the sentences and texts of episode summaries."""
 
     def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
         """Dream once over the channel (or, for a consolidation sweep, its cold memories).
@@ -107,6 +127,11 @@ class Dreamer:
                     report.merged_ids.extend(cluster[1:])
         with channel.lock:
             report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
+        if not cold_only:
+            report.reclassified = self._reclassify(channel, clocks)
+            report.summary_ids = self._summarise(channel, policy, clocks)
+            report.summarised = len(report.summary_ids)
+        with channel.lock:
             report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
             report.archived_ids = self._archive(channel, policy, clocks)
             if cold_only:
@@ -299,10 +324,54 @@ class Dreamer:
             new_type = _promoted_type(record, dreams)
             if new_type is not None:
                 update.memory_type = new_type
+                update.classifier_version = 0  # the dream's rule decided it, not the classifier
                 promoted += 1
                 changed[memory_id] = update
         self._write(channel, changed.values())
         return keystoned, promoted
+
+    def _reclassify(self, channel: Channel, clocks: Clocks) -> int:
+        """Classify again what an older classifier typed; how many changed type."""
+        with channel.lock:
+            stale = curator.reclassified(channel)
+        if not stale:
+            return 0
+        types = curator.classify_all(stale)  # the rules, without the lock
+        with channel.lock:
+            changed, retyped = curator.reclassify(channel, stale, types, clocks)
+            self._write(channel, changed)
+        return retyped
+
+    def _summarise(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> list[str]:
+        """Summarise the sessions that are due one; the summaries' ids."""
+        embed = self.embed
+        if embed is None:
+            return []
+        with channel.lock:
+            found = curator.episodes(channel, policy.dreams.episode_min)
+        if not found:
+            return []
+        rows = embed([text for episode in found for text in episode.sentences])
+        texts: list[str] = []
+        for episode in found:
+            texts.append(curator.summary_of(episode, rows[: len(episode.sentences)]))
+            rows = rows[len(episode.sentences) :]
+        vectors = embed(texts)
+        with channel.lock:
+            keep = [i for i, episode in enumerate(found) if curator.still_open(channel, episode)]
+            if not keep:
+                return []
+            items = [curator.summary_item(channel, found[i], texts[i]) for i in keep]
+            summaries, change = self._storing.derived(channel, items, vectors[keep])
+            share = policy.dreams.episode_cooling
+            for summary, i in zip(summaries, keep, strict=True):
+                for source in found[i].sources:
+                    change.link(summary.id, source, "summary", 1.0)
+                    # Put last: a summary does not corroborate what it was made from.
+                    record = channel.records[source]
+                    change.put(curator.covered(record, summary.id, share, policy, clocks))
+            commit(self._store, [change])
+        return [summary.id for summary in summaries]
 
     def _ghosts(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> tuple[int, int]:
         ghosts = [channel.records[i] for i in channel.records.ids_in([GHOST])]

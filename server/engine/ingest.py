@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calor.models.entities import entity_key
+from calor.models.text import CLASSIFIER_VERSION
 from calor.server.commands import NewMemory, read_text
 from calor.server.engine.rejections import Rejections
 from calor.server.ids import new_id
@@ -201,6 +202,7 @@ def _one(
         valence=reading.valence,
         surprise=min(1.0, max(0.0, 1.0 - nearest)),
         importance_adjustment=importance - base,
+        classifier_version=CLASSIFIER_VERSION if item.memory_type is None else 0,
     )
     if memory_type == "episodic":
         record.session = _session(item)

@@ -24,6 +24,7 @@ from calor.server.engine.cards import EntityCard, EntityCards
 from calor.server.engine.changes import Bookkeeping, changing, forgotten_with
 from calor.server.engine.channel import Channel
 from calor.server.engine.context import ContextBuilder, ContextQuery, ContextResult, TokenCounter
+from calor.server.engine.curator import Embed
 from calor.server.engine.dream import Dreamer, DreamReport, keep_apart
 from calor.server.engine.evaluate import Evaluation, evaluate
 from calor.server.engine.feedback import TypeTally
@@ -108,8 +109,8 @@ class MemoryEngine:
         """Every channel's live view, and the reads over them (listing, status, ...)."""
         self._cards = EntityCards()
         self._contexts = ContextBuilder(self._cards)
-        self._dreamer = Dreamer(store, after=self._cards.refresh)
         self._storing = StorePipeline(self.channels, store, clock)
+        self._dreamer = Dreamer(store, self._storing, after=self._cards.refresh)
         self.transfer = Transfer(self.channels, store, clock, self._storing)
         """Export and Import of whole channels (see :mod:`calor.server.engine.transfer`)."""
         self.recall_log = RecallLog(store)
@@ -137,6 +138,11 @@ class MemoryEngine:
         engine = cls(store, clock, policy, approximate_above, memory_budget)
         engine.channels.rebuild()
         return engine
+
+    def use_model(self, embed: Embed) -> None:
+        """Let dreams embed what they make (episode summaries); without it, they make none.
+        ``embed`` blocks, and is called from the thread a dream runs on."""
+        self._dreamer.embed = embed
 
     # --- store -----------------------------------------------------------------
 

@@ -93,6 +93,15 @@ class StorePipeline:
                 results[position] = Stored(first.record, False)
         return [self._as_stored(r) for r in results if r is not None]
 
+    def derived(
+        self, channel: Channel, items: Sequence[NewMemory], vectors: np.ndarray
+    ) -> tuple[list[MemoryRecord], Changes]:
+        """The change that stores memories a dream derives in ``channel``, not committed:
+        the caller holds the channel's lock, adds its own operations to the change, and
+        commits it, so the new memories and what they do to others land in one batch."""
+        done = self._prepare(channel, list(items), vectors)
+        return [entry.record for entry in done.ingested], self._changes(channel.name, done, False)
+
     def _as_stored(self, stored: Stored) -> Stored:
         """A store's outcome with its memory as it stands now."""
         now = self._reg.channel(stored.record.channel).current(stored.record)

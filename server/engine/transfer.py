@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from calor.models.entities import extract_entities
-from calor.models.text import classify_type
+from calor.models.text import CLASSIFIER_VERSION, classify_type
 from calor.server.clock import Clock
 from calor.server.engine.changes import Changes, commit
 from calor.server.engine.channel import Channel
@@ -51,7 +51,7 @@ from calor.server.thermo.policy import ChannelPolicy
 __all__ = ["Exported", "Transfer"]
 
 # Tags and provenance entries that name another memory of the same channel.
-_ID_TAGS = ("superseded_by", "supersedes")
+_ID_TAGS = ("superseded_by", "supersedes", "summarised_in")
 _ID_PROVENANCE = ("near_duplicate_of", "issue_memory_id")
 # A record keeps this many of its latest recall times (as a recall does).
 _RECALL_TIMES = 32
@@ -298,6 +298,7 @@ def _reproduced(
         session=state.session,
         surprise=state.surprise,
         importance_adjustment=state.importance_adjustment,
+        classifier_version=state.classifier_version if parsed.memory_type else CLASSIFIER_VERSION,
     )
     _merge_links(record, state, renamed)
     if state.utility is None:

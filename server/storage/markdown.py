@@ -40,7 +40,8 @@ rounded on the way. Keys are left out at their defaults: ``source`` (agent),
 ``confidence`` (observed), ``tags`` and ``provenance`` (none), ``recalls``,
 ``confirmations``, ``valence``, ``surprise``, ``importance_adjustment`` and
 ``interactions_since_t0`` (0), ``last_recalled``, ``recall_times``, ``session``,
-``merged_into``, ``merged_from`` and ``edges`` (none).
+``merged_into``, ``merged_from`` and ``edges`` (none), ``classifier`` (0: the type was
+given).
 
 **The carried state.** A section that names ``heat0`` and ``t0`` carries its memory's
 whole state, and an import reproduces the memory (the same heat at every moment, in the
@@ -51,7 +52,9 @@ same state) instead of storing it anew. Of :class:`~calor.server.records.MemoryR
   ``last_recalled_at``, ``recall_times``, ``confirmations``, ``valence`` (read from the
   text as first stored; a corrected text keeps it), ``surprise``,
   ``importance_adjustment``, ``keystone``, ``state``, ``tags``, ``source``,
-  ``confidence``, ``provenance``, ``session``, ``merged_into``, ``merged_from``;
+  ``confidence``, ``provenance``, ``session``, ``merged_into``, ``merged_from``, and
+  ``classifier_version`` as ``classifier`` (when the type was inferred: a newer server
+  classifies it again in its next dream);
 - ``interactions0`` as ``interactions_since_t0``: the channel's interaction count is the
   channel's own, so what is carried is the memory's age on that clock, rebased on the
   channel it is imported into;
@@ -192,6 +195,7 @@ def _state_lines(record: MemoryRecord, edges: Sequence[Edge], interactions: int)
         ("merged_into", record.merged_into, record.merged_into),
         ("merged_from", record.merged_from, ", ".join(record.merged_from)),
         ("edges", edges, format_edges(edges)),
+        ("classifier", record.classifier_version, str(record.classifier_version)),
         (
             "entities",
             record.entities != extract_entities(record.text),

@@ -63,6 +63,8 @@ class CarriedState:
         updated_at: When it last changed, or None for the moment of import.
         entities: The entities it names, when they are not what its text alone reads
             (names its channel knew from elsewhere); None to read them from the text.
+        classifier_version: The classifier version that inferred its type; 0 when the
+            type was given.
     """
 
     heat0: float
@@ -83,6 +85,7 @@ class CarriedState:
     merged_from: tuple[str, ...] = ()
     updated_at: float | None = None
     entities: tuple[str, ...] | None = None
+    classifier_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ _STATE: dict[str, _Key] = {
     "updated": ("updated_at", parse_time),
     "updated_at": ("updated_at", parse_time),
     "entities": ("entities", parse_names),
+    "classifier": ("classifier_version", parse_count),
 }
 
 

@@ -22,7 +22,16 @@ __all__ = ["EDGE_KINDS", "Edge", "Graph", "Slots"]
 
 Slots = npt.NDArray[np.int64]
 
-EDGE_KINDS = ("semantic", "entity", "sequence", "merged", "echo", "manual", "supersedes")
+EDGE_KINDS = (
+    "semantic",
+    "entity",
+    "sequence",
+    "merged",
+    "echo",
+    "manual",
+    "supersedes",
+    "summary",
+)
 
 
 @dataclass(frozen=True)

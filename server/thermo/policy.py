@@ -77,6 +77,10 @@ class DreamThresholds:
         interval_seconds: The curator's schedule: a dream this long after the last one
             (or after the setting is made); 0 (the default) dreams only when asked, when
             offered entropy crosses the threshold, or in a consolidation sweep.
+        episode_min: The curator's episode summaries: a session of at least this many
+            episodic memories (linked by sequence edges) not summarised yet gets one
+            semantic memory of its most central sentences; 0 turns them off.
+        episode_cooling: Share of each summarised memory's heat the summary takes away.
     """
 
     conflict_similarity: float = 0.80
@@ -94,6 +98,8 @@ class DreamThresholds:
     channel_cooling: float = 0.50
     max_conflicts: int = 20
     interval_seconds: float = 0.0
+    episode_min: int = 8
+    episode_cooling: float = 0.50
 
 
 @dataclass(frozen=True)
