@@ -1,5 +1,6 @@
 """The Python client of Calor: ``CalorClient``, ``AsyncCalorClient`` and their errors."""
 
+from calor.client._render import to_dict
 from calor.client._subscription import Backoff, EventStream
 from calor.client.aio import AsyncCalorClient
 from calor.client.client import CalorClient
@@ -37,4 +38,5 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "from_rpc_error",
+    "to_dict",
 ]

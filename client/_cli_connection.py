@@ -7,7 +7,12 @@ import os
 from pathlib import Path
 from typing import TypedDict
 
-from calor.client._credentials import API_KEY_ENV
+from calor.client._credentials import (
+    API_KEY_ENV,
+    TLS_CA_ENV,
+    TLS_CLIENT_CERT_ENV,
+    TLS_CLIENT_KEY_ENV,
+)
 from calor.client.errors import (
     CalorClientError,
     PermissionDeniedError,
@@ -16,10 +21,6 @@ from calor.client.errors import (
 )
 
 __all__ = ["ConnectionArguments", "add_connection_options", "connection_arguments", "hint"]
-
-TLS_CA_ENV = "CALOR_TLS_CA"
-TLS_CLIENT_CERT_ENV = "CALOR_TLS_CLIENT_CERT"
-TLS_CLIENT_KEY_ENV = "CALOR_TLS_CLIENT_KEY"
 
 
 class ConnectionArguments(TypedDict):

@@ -78,6 +78,7 @@ def _recall(client: CalorClient, args: argparse.Namespace) -> _Output:
         time_from=args.time_from,
         time_to=args.time_to,
         as_of=args.as_of,
+        min_band=args.min_band,
     )
     return response, _render.recalled(response, client.channel)
 
@@ -198,6 +199,12 @@ def add_recall_command(commands: _Commands, shared: argparse.ArgumentParser) -> 
     recall.add_argument("--peek", action="store_true", help="change nothing (no warming)")
     _types(recall, "only memories")
     recall.add_argument("--include-archived", action="store_true", help="search cold storage")
+    recall.add_argument(
+        "--min-band",
+        choices=("low", "mid", "high"),
+        default="",
+        help="leave out hits whose confidence band is below this one (default: keep all)",
+    )
     recall.add_argument(
         "--channels",
         type=_names,

@@ -109,15 +109,50 @@ def add_trigger_commands(
         help="an action setting (message=…, delta=…, url=…, trigger_id=…); repeat for more",
     )
     add.add_argument("--id", default="", help="its id, 1-64 of A-Z a-z 0-9 _.:- (default: new)")
-    add.add_argument("--type", choices=MEMORY_TYPE_NAMES, help="only memories of this type")
-    add.add_argument("--pattern", default="", metavar="REGEX", help="only texts matching this")
-    add.add_argument("--heat-above", type=float, metavar="X", help="only memories hotter than X")
-    add.add_argument("--heat-below", type=float, metavar="X", help="only memories colder than X")
+    # Named as the clients' and the protos' arguments are (filter_pattern, …); the
+    # shorter names are kept as aliases.
+    add.add_argument(
+        "--filter-memory-type",
+        "--type",
+        dest="type",
+        choices=MEMORY_TYPE_NAMES,
+        help="only memories of this type",
+    )
+    add.add_argument(
+        "--filter-pattern",
+        "--pattern",
+        dest="pattern",
+        default="",
+        metavar="REGEX",
+        help="only texts matching this",
+    )
+    add.add_argument(
+        "--filter-heat-above",
+        "--heat-above",
+        dest="heat_above",
+        type=float,
+        metavar="X",
+        help="only memories hotter than X",
+    )
+    add.add_argument(
+        "--filter-heat-below",
+        "--heat-below",
+        dest="heat_below",
+        type=float,
+        metavar="X",
+        help="only memories colder than X",
+    )
     add.add_argument(
         "--max-fires", type=int, default=0, metavar="N", help="fire at most N times (0: no limit)"
     )
     add.add_argument(
-        "--cooldown", type=float, default=0.0, metavar="S", help="at least S seconds between fires"
+        "--cooldown-seconds",
+        "--cooldown",
+        dest="cooldown",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="at least S seconds between fires",
     )
     add.add_argument(
         "--threshold",

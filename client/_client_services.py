@@ -214,47 +214,52 @@ class TriggerCalls(ClientBase):
     def subscribe(
         self,
         *,
-        channels: Iterable[str] = (),
+        channels: Iterable[str] | None = None,
         kinds: Iterable[EnumArg] = (),
         trigger_ids: Iterable[str] = (),
-        after_seq: int = 0,
+        after_seq: int | None = None,
         resume: bool = True,
         from_oldest_retained: bool = False,
         backoff: Backoff | None = None,
     ) -> EventStream:
-        """Stream logged events: first those the log holds after ``after_seq``, then live ones.
+        """Stream the client's channel's events from now on, as they are logged.
 
-        Each event comes once, in sequence order. A filter left empty matches
-        everything: ``channels=()`` is every channel the caller may read (pass
-        ``[calor.channel]`` for the client's own). The stream has no deadline.
+        Returns once the server has opened the stream: every event logged after that
+        is delivered. Each event comes once, in sequence order. By default the stream holds the
+        client's own channel and starts now; ``after_seq`` starts it after an earlier
+        event instead (0: from the oldest the log still holds), and ``channels`` names
+        others (an empty list: every channel the caller may read). A filter left empty
+        matches everything. The stream has no deadline.
 
         When the server ends the stream because the caller fell behind
         (RESOURCE_EXHAUSTED) or it is going away or cannot be reached
         (UNAVAILABLE, or CANCELLED by a server that stopped), the stream resubscribes
-        by itself after the last event it yielded, so nothing is lost or repeated.
-        By default it keeps trying for as long as the outage lasts, waiting 0.2 s
-        doubling up to 10 s (less a random share of up to half) between attempts;
-        pass ``backoff`` to change that or to give up after a number of failures in
-        a row. Iterating blocks; close the
-        stream (from any thread) or leave its ``with`` block to cancel the call.
+        by itself after the last event it yielded (or where it started), so nothing is
+        lost or repeated. By default it keeps trying for as long as the outage lasts,
+        waiting 0.2 s doubling up to 10 s (less a random share of up to half) between
+        attempts; pass ``backoff`` to change that or to give up after a number of
+        failures in a row. Iterating blocks; close the stream (from any thread) or
+        leave its ``with`` block to cancel the call.
 
         Example::
 
-            with calor.subscribe(channels=["agent-7"], kinds=["notify"]) as events:
+            with calor.subscribe(kinds=["notify"]) as events:
                 for event in events:
                     print(event.seq, event.message)
 
         Args:
-            channels: Only events of these channels.
+            channels: Only events of these channels; None (the default) is the
+                client's own, ``[]`` every channel the caller may read.
             kinds: Only these kinds: ``"on_store"``, ``"notify"``, ``"dream"``, …
             trigger_ids: Only events caused by these triggers.
-            after_seq: Start after this sequence number (0: the oldest event kept).
+            after_seq: Start after this sequence number (0: the oldest event kept);
+                None (the default): from now on.
             resume: Resubscribe after RESOURCE_EXHAUSTED, UNAVAILABLE and a server's
                 CANCELLED; with False
                 those are raised like any other error.
-            from_oldest_retained: If retention dropped events after ``after_seq``,
-                start from the oldest event kept instead of raising
-                :class:`~calor.client.errors.OutOfRangeError`.
+            from_oldest_retained: Start from the oldest event kept: when ``after_seq``
+                is None, or when retention dropped events after it (instead of raising
+                :class:`~calor.client.errors.OutOfRangeError`).
             backoff: How to wait between resubscriptions and how many failures in a
                 row to allow (:class:`~calor.client.Backoff`); None: the default,
                 which retries for ever.
@@ -269,9 +274,11 @@ class TriggerCalls(ClientBase):
                 an outage) is past the end of the server's log, or retention dropped
                 events after it; ``last_seq`` or ``oldest_seq`` names the bound.
         """
-        request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
-        request.from_oldest_retained = from_oldest_retained
-        return EventStream(
+        request = _convert_triggers.subscribe_request(
+            self.channel, channels, kinds, trigger_ids, after_seq, from_oldest_retained
+        )
+        stream = EventStream(
             lambda req: self._triggers.Subscribe(req, timeout=None),
             Resumer(request, resume=resume, backoff=backoff),
         )
+        return stream.start()  # from now: from when this returns, not the first next()

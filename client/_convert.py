@@ -113,6 +113,8 @@ class RecallOptions(FilterOptions, total=False):
         peek: Change nothing: no warming, no counts (default False).
         include_archived: Search cold storage too (default False).
         as_of: The moment relative phrases such as "yesterday" are read against.
+        min_band: Leave out hits whose confidence band is below this one: ``"low"``,
+            ``"mid"`` or ``"high"`` (default ``""``: keep every band).
     """
 
     limit: int
@@ -121,6 +123,7 @@ class RecallOptions(FilterOptions, total=False):
     peek: bool
     include_archived: bool
     as_of: datetime | None
+    min_band: str
 
 
 class ListOptions(FilterOptions, total=False):
@@ -248,6 +251,7 @@ def recall_request(
         peek=options.get("peek", False),
         include_archived=options.get("include_archived", False),
         as_of=_optional_timestamp(options.get("as_of")),
+        min_band=options.get("min_band", ""),
     )
 
 

@@ -86,29 +86,39 @@ def trigger_request(
 
 
 def subscribe_request(
-    channels: str | Iterable[str],
+    own_channel: str,
+    channels: str | Iterable[str] | None,
     kinds: EnumArg | Iterable[EnumArg],
     trigger_ids: str | Iterable[str],
-    after_seq: int,
+    after_seq: int | None,
+    from_oldest_retained: bool,
 ) -> trigger_service_pb2.SubscribeRequest:
-    """The ``SubscribeRequest`` for a filter; an empty filter field matches everything.
+    """The ``SubscribeRequest`` a client's ``subscribe`` makes; an empty filter field
+    matches everything.
 
-    A lone string (or number, for ``kinds``) counts as a list of one, so that
-    ``channels="agent-7"`` does not become seven one-letter channels.
+    ``channels`` None is the client's own (``own_channel``); an empty list is every
+    channel the caller may read. ``after_seq`` None starts from now, unless
+    ``from_oldest_retained`` asks for the oldest event the log holds; 0 starts from
+    that oldest event too. A lone string (or number, for ``kinds``) counts as a list
+    of one, so that ``channels="agent-7"`` does not become seven one-letter channels.
 
     Raises:
         InvalidArgumentError: A kind is unknown, or ``after_seq`` is negative.
     """
-    if after_seq < 0:
+    if after_seq is not None and after_seq < 0:
         raise InvalidArgumentError(
             grpc.StatusCode.INVALID_ARGUMENT, f"after_seq must be 0 or more, got {after_seq}"
         )
+    if channels is None:
+        channels = [own_channel]
     kind_list = [kinds] if isinstance(kinds, str | int) else list(kinds)
     return trigger_service_pb2.SubscribeRequest(
         channels=[channels] if isinstance(channels, str) else list(channels),
         kinds=[parse_event(kind) for kind in kind_list],
         trigger_ids=[trigger_ids] if isinstance(trigger_ids, str) else list(trigger_ids),
-        after_seq=after_seq,
+        after_seq=after_seq or 0,
+        from_oldest_retained=from_oldest_retained,
+        from_now=after_seq is None and not from_oldest_retained,
     )
 
 

@@ -21,13 +21,29 @@ from calor.client.errors import InvalidArgumentError
 
 __all__ = [
     "API_KEY_ENV",
+    "CHANNEL_ENV",
+    "DEFAULT_CHANNEL",
+    "DEFAULT_TARGET",
+    "TARGET_ENV",
+    "TLS_CA_ENV",
+    "TLS_CLIENT_CERT_ENV",
+    "TLS_CLIENT_KEY_ENV",
     "ChannelSecurity",
     "PemSource",
     "open_aio_channel",
     "open_channel",
+    "target_and_channel",
 ]
 
+# What the clients, the CLI and ``calor mcp`` read when they are not told: one place.
+TARGET_ENV = "CALOR_TARGET"
+CHANNEL_ENV = "CALOR_CHANNEL"
 API_KEY_ENV = "CALOR_API_KEY"
+TLS_CA_ENV = "CALOR_TLS_CA"
+TLS_CLIENT_CERT_ENV = "CALOR_TLS_CLIENT_CERT"
+TLS_CLIENT_KEY_ENV = "CALOR_TLS_CLIENT_KEY"
+DEFAULT_TARGET = "localhost:50051"
+DEFAULT_CHANNEL = "default"
 
 PemSource = str | os.PathLike[str] | bytes
 """A PEM file's path, or the PEM bytes themselves."""
@@ -71,8 +87,11 @@ class ChannelSecurity:
             api_key: The key to send; None reads ``$CALOR_API_KEY`` (unset or empty:
                 no key); "" sends none whatever the environment says.
             tls: Speak TLS trusting the system's roots; implied by any ``tls_*``.
-            tls_ca: The CA certificates to trust instead, as a path or PEM bytes.
-            tls_cert: A client certificate (path or PEM bytes), for mutual TLS.
+            tls_ca: The CA certificates to trust instead, as a path or PEM bytes; None
+                reads the path in ``$CALOR_TLS_CA`` (unset or empty: none); "" is none.
+            tls_cert: A client certificate (path or PEM bytes), for mutual TLS; with
+                ``tls_key``, None for both reads ``$CALOR_TLS_CLIENT_CERT`` and
+                ``$CALOR_TLS_CLIENT_KEY``.
             tls_key: Its private key (path or PEM bytes); goes with ``tls_cert``.
 
         Raises:
@@ -83,6 +102,11 @@ class ChannelSecurity:
         if api_key is None:
             api_key = os.environ.get(API_KEY_ENV, "")
         key = _checked_key(api_key) if api_key else None
+        tls_ca = _or_environment(tls_ca, TLS_CA_ENV) or None
+        if tls_cert is None and tls_key is None:
+            tls_cert = _or_environment(None, TLS_CLIENT_CERT_ENV)
+            tls_key = _or_environment(None, TLS_CLIENT_KEY_ENV)
+        tls_cert, tls_key = tls_cert or None, tls_key or None
         if (tls_cert is None) != (tls_key is None):
             raise _invalid("tls_cert and tls_key go together: give both or neither")
         return cls(
@@ -119,6 +143,23 @@ class ChannelSecurity:
         return grpc.composite_channel_credentials(
             credentials, grpc.access_token_call_credentials(self.api_key)
         )
+
+
+def target_and_channel(target: str | None, channel: str | None) -> tuple[str, str]:
+    """The server and channel a client uses: those given, else ``$CALOR_TARGET`` and
+    ``$CALOR_CHANNEL``, else ``localhost:50051`` and ``default``."""
+    return (
+        target or os.environ.get(TARGET_ENV) or DEFAULT_TARGET,
+        channel or os.environ.get(CHANNEL_ENV) or DEFAULT_CHANNEL,
+    )
+
+
+def _or_environment(value: PemSource | None, name: str) -> PemSource | None:
+    """``value``; when None, the path in environment variable ``name`` (unset or empty:
+    None)."""
+    if value is None:
+        return os.environ.get(name) or None
+    return value
 
 
 _OPTIONS = [("grpc.max_receive_message_length", -1)]

@@ -129,6 +129,11 @@ class RecallArguments(Arguments):
     peek: bool = Field(
         False, description="Look without warming what is found (a recall normally heats it)."
     )
+    min_band: Literal["", "low", "mid", "high"] = Field(
+        "",
+        description="Leave out memories whose match is less sure than this band ('mid' "
+        "drops the weakly related; default '': keep all).",
+    )
 
 
 class ContextArguments(Arguments):

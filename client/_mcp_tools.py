@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 from mcp import types
 
 from calor.client import _render
@@ -57,17 +55,6 @@ class Reply(NamedTuple):
 # --- the calls ------------------------------------------------------------------------------
 
 
-def _data(message: Message) -> dict[str, Any]:
-    """A message as JSON-ready data, every field present, proto field names kept."""
-    data: dict[str, Any] = MessageToDict(
-        message,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-        unquote_int64_if_possible=True,
-    )
-    return data
-
-
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
@@ -84,7 +71,7 @@ async def _store(calor: AsyncCalorClient, a: StoreArguments) -> Reply:
         source=a.source,
         confidence=a.confidence,
     )
-    return Reply(_render.stored(memory), {"memory": _data(memory)})
+    return Reply(_render.stored(memory), {"memory": _render.to_dict(memory)})
 
 
 async def _recall(calor: AsyncCalorClient, a: RecallArguments) -> Reply:
@@ -95,8 +82,9 @@ async def _recall(calor: AsyncCalorClient, a: RecallArguments) -> Reply:
         memory_types=a.memory_types,
         include_archived=a.include_archived,
         peek=a.peek,
+        min_band=a.min_band,
     )
-    return Reply(_render.recalled(response), _data(response))
+    return Reply(_render.recalled(response), _render.to_dict(response))
 
 
 def context_text(response: memory_service_pb2.ContextResponse) -> str:
@@ -120,12 +108,12 @@ async def _context(calor: AsyncCalorClient, a: ContextArguments) -> Reply:
         max_nodes=a.max_nodes,
         max_chars=a.max_chars,
     )
-    return Reply(context_text(response), _data(response))
+    return Reply(context_text(response), _render.to_dict(response))
 
 
 async def _inspect(calor: AsyncCalorClient, a: IdArguments) -> Reply:
     response = await calor.inspect(a.id, channel=a.channel)
-    return Reply(_render.inspected(response), _data(response))
+    return Reply(_render.inspected(response), _render.to_dict(response))
 
 
 async def _forget(calor: AsyncCalorClient, a: ForgetArguments) -> Reply:
@@ -136,7 +124,7 @@ async def _forget(calor: AsyncCalorClient, a: ForgetArguments) -> Reply:
 async def _keystone(calor: AsyncCalorClient, a: KeystoneArguments) -> Reply:
     memory = await calor.keystone(a.id, on=a.keystone, channel=a.channel)
     verb = "pinned" if a.keystone else "unpinned"
-    return Reply(f"{verb} {_render.memory_line(memory)}", {"memory": _data(memory)})
+    return Reply(f"{verb} {_render.memory_line(memory)}", {"memory": _render.to_dict(memory)})
 
 
 async def _trigger_feedback(calor: AsyncCalorClient, a: TriggerFeedbackArguments) -> Reply:
@@ -145,7 +133,7 @@ async def _trigger_feedback(calor: AsyncCalorClient, a: TriggerFeedbackArguments
     text = f"rated {a.rating}: trigger {trigger.id} precision {precision} over {trigger.rated}"
     if trigger.paused:
         text += f"; paused: {trigger.paused}"
-    return Reply(text, {"trigger": _data(trigger)})
+    return Reply(text, {"trigger": _render.to_dict(trigger)})
 
 
 def evaluation_text(response: memory_service_pb2.EvaluateResponse) -> str:
@@ -169,12 +157,12 @@ def evaluation_text(response: memory_service_pb2.EvaluateResponse) -> str:
 
 async def _evaluate(calor: AsyncCalorClient, a: EvaluateArguments) -> Reply:
     response = await calor.evaluate(a.text, channel=a.channel, store_findings=a.store_findings)
-    return Reply(evaluation_text(response), _data(response))
+    return Reply(evaluation_text(response), _render.to_dict(response))
 
 
 async def _status(calor: AsyncCalorClient, a: Arguments) -> Reply:
     response = await calor.identity(channel=a.channel)
-    return Reply(_render.identity(response, a.channel or calor.channel), _data(response))
+    return Reply(_render.identity(response, a.channel or calor.channel), _render.to_dict(response))
 
 
 def dream_text(report: memory_service_pb2.DreamResponse) -> str:
@@ -184,7 +172,7 @@ def dream_text(report: memory_service_pb2.DreamResponse) -> str:
 
 async def _dream(calor: AsyncCalorClient, a: Arguments) -> Reply:
     report = await calor.dream(channel=a.channel)
-    return Reply(dream_text(report), _data(report))
+    return Reply(dream_text(report), _render.to_dict(report))
 
 
 _FENCE_OPENING = re.compile(r"(`{3,})text")

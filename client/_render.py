@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import UTC
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
@@ -26,15 +27,23 @@ __all__ = [
     "memory_line",
     "recalled",
     "stored",
+    "to_dict",
     "to_json",
     "trigger_line",
     "triggers",
 ]
 
 
-def _document(message: Message) -> dict[str, object]:
-    """A message as a JSON-ready dict, every field present, proto field names kept."""
-    document: dict[str, object] = MessageToDict(
+def to_dict(message: Message) -> dict[str, Any]:
+    """A result or event as plain data, ready for JSON: every field present (defaults
+    included), the protos' field names, enums by name (``"EVENT_KIND_NOTIFY"``),
+    timestamps as RFC 3339 text, 64-bit integers as numbers.
+
+    Example::
+
+        hits = [to_dict(hit) for hit in calor.recall("allergies").hits]
+    """
+    document: dict[str, Any] = MessageToDict(
         message,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
@@ -45,12 +54,12 @@ def _document(message: Message) -> dict[str, object]:
 
 def to_json(message: Message) -> str:
     """A message as indented JSON, every field present, proto field names kept."""
-    return json.dumps(_document(message), indent=2, ensure_ascii=False)
+    return json.dumps(to_dict(message), indent=2, ensure_ascii=False)
 
 
 def json_line(message: Message) -> str:
     """A message as JSON on one line, for streams of one document a line."""
-    return json.dumps(_document(message), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(to_dict(message), ensure_ascii=False, separators=(",", ":"))
 
 
 _HOT_TEXT_CHARS = 72  # of each hottest memory's text in a status

@@ -158,15 +158,27 @@ class Resumer:
         )
         return request
 
+    @property
+    def starting(self) -> bool:
+        """Whether the stream is from now and the server has not said where it starts."""
+        return self._request.from_now
+
     def opened(self) -> None:
         """Note that a call was just made."""
         self._opened_at = time.monotonic()
 
-    def accept(self, event: trigger_service_pb2.Event) -> bool:
-        """Whether to hand ``event`` over; an event at or before the resume point is not.
+    def accept(self, response: trigger_service_pb2.SubscribeResponse) -> bool:
+        """Whether to hand the response's event over; an event at or before the resume
+        point is not, nor the first answer of a stream from now (no event: where it
+        starts, which becomes the resume point).
 
         An accepted event moves the resume point and clears the failure count.
         """
+        if not response.HasField("event"):
+            self._request.from_now = False
+            self._request.after_seq = self.last_seq = response.start_seq
+            return False
+        event = response.event
         if event.seq <= self.last_seq:
             return False
         self.last_seq = event.seq
@@ -270,9 +282,24 @@ class EventStream(Iterator[trigger_service_pb2.Event]):
 
     def __next__(self) -> trigger_service_pb2.Event:
         while True:
+            response = self._response()
+            if self._resumer.accept(response):
+                return response.event
+
+    def start(self) -> Self:
+        """Open the call now and wait until the server says where the stream starts
+        (a stream from now: every event logged after this returns is delivered);
+        StopIteration when the stream ended first."""
+        while self._resumer.starting:
+            self._resumer.accept(self._response())
+        return self
+
+    def _response(self) -> trigger_service_pb2.SubscribeResponse:
+        """The next answer of the subscription, resubscribing as the policy allows."""
+        while True:
             call = self._current()
             try:
-                response = next(call)
+                return next(call)
             except StopIteration:  # the server ended the stream cleanly: so do we
                 self.close()
                 raise
@@ -286,9 +313,6 @@ class EventStream(Iterator[trigger_service_pb2.Event]):
                     raise from_rpc_error(err) from err
                 if self._closed.wait(delay):
                     raise StopIteration from None
-                continue
-            if self._resumer.accept(response.event):
-                return response.event
 
     def _current(self) -> _StreamCall:
         """The open call, made now if there is none; StopIteration once closed."""

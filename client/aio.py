@@ -21,7 +21,12 @@ from calor.client._convert import (
     UpdateOptions,
 )
 from calor.client._convert_triggers import TriggerOptions
-from calor.client._credentials import ChannelSecurity, PemSource, open_aio_channel
+from calor.client._credentials import (
+    ChannelSecurity,
+    PemSource,
+    open_aio_channel,
+    target_and_channel,
+)
 from calor.client._enums import EnumArg
 from calor.client._subscription import Backoff, Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
@@ -54,13 +59,18 @@ class AsyncCalorClient(_convert.ClientBase):
             hits = (await calor.recall("allergies")).hits
 
     Args:
-        target: The server's ``host:port``.
-        channel: The memory channel calls use unless they pass ``channel=``.
+        target: The server's ``host:port``; None reads ``$CALOR_TARGET`` (unset:
+            ``localhost:50051``), as the CLI and ``calor mcp`` do.
+        channel: The memory channel calls use unless they pass ``channel=``; None reads
+            ``$CALOR_CHANNEL`` (unset: ``default``).
         timeout: Seconds each call may take; None waits for ever.
         api_key: The API key sent with every call; None reads ``$CALOR_API_KEY``.
         tls: Speak TLS, trusting the system's root certificates.
-        tls_ca: Speak TLS trusting these CA certificates (path or PEM bytes).
-        tls_cert: A client certificate for mutual TLS (path or PEM bytes).
+        tls_ca: Speak TLS trusting these CA certificates (path or PEM bytes); None
+            reads the path in ``$CALOR_TLS_CA``.
+        tls_cert: A client certificate for mutual TLS (path or PEM bytes); with
+            ``tls_key``, None for both reads ``$CALOR_TLS_CLIENT_CERT`` and
+            ``$CALOR_TLS_CLIENT_KEY``.
         tls_key: Its private key (path or PEM bytes).
         grpc_channel: A ready ``grpc.aio.Channel`` to use instead of one the client
             opens; it carries its own credentials, so ``api_key`` and the ``tls``
@@ -75,9 +85,9 @@ class AsyncCalorClient(_convert.ClientBase):
 
     def __init__(
         self,
-        target: str = "localhost:50051",
+        target: str | None = None,
         *,
-        channel: str = "default",
+        channel: str | None = None,
         timeout: float | None = 30.0,
         api_key: str | None = None,
         tls: bool = False,
@@ -86,12 +96,12 @@ class AsyncCalorClient(_convert.ClientBase):
         tls_key: PemSource | None = None,
         grpc_channel: grpc.aio.Channel | None = None,
     ) -> None:
-        super().__init__(target, channel, timeout)
+        super().__init__(*target_and_channel(target, channel), timeout)
         security = (api_key, tls_ca, tls_cert, tls_key)
         self._owns_channel = grpc_channel is None
         if grpc_channel is None:
             grpc_channel = open_aio_channel(
-                target,
+                self.target,
                 ChannelSecurity.of(
                     api_key=api_key, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
                 ),
@@ -469,27 +479,30 @@ class AsyncCalorClient(_convert.ClientBase):
     def subscribe(
         self,
         *,
-        channels: Iterable[str] = (),
+        channels: Iterable[str] | None = None,
         kinds: Iterable[EnumArg] = (),
         trigger_ids: Iterable[str] = (),
-        after_seq: int = 0,
+        after_seq: int | None = None,
         resume: bool = True,
         from_oldest_retained: bool = False,
         backoff: Backoff | None = None,
     ) -> AsyncGenerator[trigger_service_pb2.Event, None]:
-        """Stream logged events, resuming by itself; see :meth:`CalorClient.subscribe`.
+        """Stream the client's channel's events from now on (or as told), resuming by
+        itself; see :meth:`CalorClient.subscribe`.
 
         Use it with ``async for``; the filter is checked at once (this is no
-        coroutine). Cancelling the task that iterates, or ``aclose()`` on the
-        generator, cancels the call underneath.
+        coroutine). A stream from now starts when iteration begins (the first
+        ``anext``): the events logged from then on. Cancelling the task that
+        iterates, or ``aclose()`` on the generator, cancels the call underneath.
 
         Example::
 
-            async for event in calor.subscribe(channels=[calor.channel]):
+            async for event in calor.subscribe():
                 print(event.seq, event.message)
         """
-        request = _convert_triggers.subscribe_request(channels, kinds, trigger_ids, after_seq)
-        request.from_oldest_retained = from_oldest_retained
+        request = _convert_triggers.subscribe_request(
+            self.channel, channels, kinds, trigger_ids, after_seq, from_oldest_retained
+        )
         return self._events(Resumer(request, resume=resume, backoff=backoff))
 
     async def _events(self, resumer: Resumer) -> AsyncGenerator[trigger_service_pb2.Event, None]:
@@ -499,7 +512,7 @@ class AsyncCalorClient(_convert.ClientBase):
             resumer.opened()
             try:
                 async for response in call:
-                    if resumer.accept(response.event):
+                    if resumer.accept(response):
                         yield response.event
                 return  # the server ended the stream cleanly
             except grpc.RpcError as err:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from calor.client._cli_status import add_status_command
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._cli_tune import add_tune_command
+from calor.client._credentials import CHANNEL_ENV, DEFAULT_CHANNEL, DEFAULT_TARGET, TARGET_ENV
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client._subscription import Backoff
 from calor.client.client import CalorClient
@@ -312,7 +314,7 @@ def _subscribe(client: CalorClient, args: argparse.Namespace) -> None:
     default they go on for as long as the server is away (``--max-attempts``).
     """
     events = client.subscribe(
-        channels=() if args.all_channels else (client.channel,),
+        channels=() if args.all_channels else None,
         kinds=args.kind,
         trigger_ids=args.trigger,
         after_seq=args.after_seq,
@@ -354,13 +356,13 @@ def _global_options(parser: argparse.ArgumentParser, *, with_defaults: bool) -> 
 
     parser.add_argument(
         "--target",
-        default=default(os.environ.get("CALOR_TARGET", "localhost:50051")),
-        help="server address, host:port (env CALOR_TARGET; default localhost:50051)",
+        default=default(os.environ.get(TARGET_ENV, DEFAULT_TARGET)),
+        help=f"server address, host:port (env {TARGET_ENV}; default {DEFAULT_TARGET})",
     )
     parser.add_argument(
         "--channel",
-        default=default(os.environ.get("CALOR_CHANNEL", "default")),
-        help="memory channel to work in (env CALOR_CHANNEL; default 'default')",
+        default=default(os.environ.get(CHANNEL_ENV, DEFAULT_CHANNEL)),
+        help=f"memory channel to work in (env {CHANNEL_ENV}; default {DEFAULT_CHANNEL!r})",
     )
     parser.add_argument(
         "--json",
@@ -370,10 +372,19 @@ def _global_options(parser: argparse.ArgumentParser, *, with_defaults: bool) -> 
     )
 
 
+def _version() -> str:
+    """The installed package's version ("unknown" when run from files not installed)."""
+    try:
+        return metadata.version("calor")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="calor", description="Calor: memories with heat, for AI agents."
     )
+    parser.add_argument("--version", action="version", version=f"calor {_version()}")
     _global_options(parser, with_defaults=True)
     add_connection_options(parser, with_defaults=True)
     parser.set_defaults(call_timeout=30.0)  # seconds per call; export and import set None
@@ -617,7 +628,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     subscribe = command(
-        "subscribe", _subscribe, "print the channel's events as they happen, until Ctrl-C"
+        "subscribe", _subscribe, "print the channel's events from now on, until Ctrl-C"
     )
     subscribe.add_argument(
         "--all-channels", action="store_true", help="every channel's events, not --channel's"
@@ -639,15 +650,15 @@ def _parser() -> argparse.ArgumentParser:
     subscribe.add_argument(
         "--after-seq",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
-        help="start after event N (default 0: everything the log still holds)",
+        help="start after event N (0: everything the log still holds; default: from now)",
     )
     subscribe.add_argument(
         "--from-oldest",
         action="store_true",
-        help="if the log no longer holds the events after --after-seq, start from the "
-        "oldest it holds instead of failing",
+        help="start from the oldest event the log holds (with --after-seq: only if the "
+        "log no longer holds the events after it, instead of failing)",
     )
     subscribe.add_argument(
         "--max-attempts",

@@ -18,7 +18,12 @@ from calor.client._convert import (
     StoreOptions,
     UpdateOptions,
 )
-from calor.client._credentials import ChannelSecurity, PemSource, open_channel
+from calor.client._credentials import (
+    ChannelSecurity,
+    PemSource,
+    open_channel,
+    target_and_channel,
+)
 from calor.client._enums import EnumArg
 from calor.client._subscription import EventStream
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
@@ -51,16 +56,19 @@ class CalorClient(SettingsCalls, TriggerCalls):
         CalorClient("calor.example:50051", api_key=key, tls_ca="ca.pem")
 
     Args:
-        target: The server's ``host:port``.
-        channel: The memory channel calls use unless they pass ``channel=``.
+        target: The server's ``host:port``; None reads ``$CALOR_TARGET`` (unset:
+            ``localhost:50051``), as the CLI and ``calor mcp`` do.
+        channel: The memory channel calls use unless they pass ``channel=``; None reads
+            ``$CALOR_CHANNEL`` (unset: ``default``).
         timeout: Seconds each call may take; None waits for ever.
         api_key: The API key sent with every call, streams included, as
             ``authorization: Bearer KEY``; None reads ``$CALOR_API_KEY`` (unset: no key).
         tls: Speak TLS, trusting the system's root certificates.
         tls_ca: Speak TLS trusting these CA certificates instead: a PEM file's path,
-            or PEM bytes.
+            or PEM bytes; None reads the path in ``$CALOR_TLS_CA`` (unset: none).
         tls_cert: A client certificate (path or PEM bytes) for a server that asks
-            for one (mutual TLS); implies TLS.
+            for one (mutual TLS); implies TLS. With ``tls_key``, None for both reads
+            ``$CALOR_TLS_CLIENT_CERT`` and ``$CALOR_TLS_CLIENT_KEY``.
         tls_key: The client certificate's private key (path or PEM bytes).
         grpc_channel: A ready ``grpc.Channel`` to use instead of one the client
             opens (for interceptors of your own); it carries its own credentials, so
@@ -75,9 +83,9 @@ class CalorClient(SettingsCalls, TriggerCalls):
 
     def __init__(
         self,
-        target: str = "localhost:50051",
+        target: str | None = None,
         *,
-        channel: str = "default",
+        channel: str | None = None,
         timeout: float | None = 30.0,
         api_key: str | None = None,
         tls: bool = False,
@@ -86,12 +94,12 @@ class CalorClient(SettingsCalls, TriggerCalls):
         tls_key: PemSource | None = None,
         grpc_channel: grpc.Channel | None = None,
     ) -> None:
-        super().__init__(target, channel, timeout)
+        super().__init__(*target_and_channel(target, channel), timeout)
         security = (api_key, tls_ca, tls_cert, tls_key)
         self._owns_channel = grpc_channel is None
         if grpc_channel is None:
             grpc_channel = open_channel(
-                target,
+                self.target,
                 ChannelSecurity.of(
                     api_key=api_key, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
                 ),

@@ -42,6 +42,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "UnavailableError",
         "UnimplementedError",
         "from_rpc_error",
+        "to_dict",
     ]
     assert calor.client.__all__ == sorted(calor.client.__all__)
     for name in calor.client.__all__:

@@ -108,7 +108,7 @@ def test_calor_client_sends_its_key_on_every_kind_of_call(
             first = calor.store("The agents key opens this channel.")  # unary
             ids = calor.store_many(["A client stream.", "Carries the key too."])  # client stream
             exported = "".join(p.markdown for p in calor.export())  # server stream
-            with calor.subscribe(channels=[keys_channel], resume=False) as events:
+            with calor.subscribe(channels=[keys_channel], resume=False, after_seq=0) as events:
                 event = next(iter(events))  # server stream, open until closed
             imported = calor.import_markdown(exported, channel=f"{keys_channel}-copy")
         assert first.id and len(ids) == 2
@@ -164,7 +164,7 @@ def test_async_client_sends_its_key_on_every_kind_of_call(
             exported = "".join([p.markdown async for p in calor.export()])
             copy = f"{keys_channel}-async-copy"
             assert len(await calor.import_markdown(_chunks(exported), channel=copy)) == 2
-            events = calor.subscribe(channels=[keys_channel], resume=False)
+            events = calor.subscribe(channels=[keys_channel], resume=False, after_seq=0)
             event = await anext(events)
             await events.aclose()
             assert event.channel == keys_channel
@@ -173,7 +173,7 @@ def test_async_client_sends_its_key_on_every_kind_of_call(
             with pytest.raises(UnauthenticatedError):
                 await calor.store("No key.")
             with pytest.raises(UnauthenticatedError):
-                await anext(calor.subscribe(channels=[keys_channel], resume=False))
+                await anext(calor.subscribe(channels=[keys_channel], resume=False, after_seq=0))
 
     for target, trust in connections(servers):
         asyncio.run(run(target, trust))
@@ -202,12 +202,23 @@ def test_cli_passes_the_key_it_is_given(servers: Servers, cli: CLI, keys_channel
         )
         assert (status, err) == (0, "")
         memory_id = out.split()[1]
-        status, out, err = cli("--target", target, *trust, "subscribe", "--max-events", "1")
+        status, out, err = cli(
+            "--target", target, *trust, "subscribe", "--after-seq", "0", "--max-events", "1"
+        )
         assert status == 1
         assert "UNAUTHENTICATED" in err
         assert "set CALOR_API_KEY or pass --api-key" in err
         status, out, err = cli(
-            "--target", target, *trust, "subscribe", "--api-key", KEY, "--max-events", "1"
+            "--target",
+            target,
+            *trust,
+            "subscribe",
+            "--api-key",
+            KEY,
+            "--after-seq",
+            "0",
+            "--max-events",
+            "1",
         )
         assert (status, err) == (0, "")
         assert f"on_store {keys_channel} {memory_id}" in out

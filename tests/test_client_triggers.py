@@ -95,7 +95,7 @@ def test_notify_trigger_streams_store_and_notify_events_in_order(
 def test_subscribe_after_seq_resumes_where_asked(client: CalorClient, channel_name: str) -> None:
     for n in range(3):
         client.store(f"Fact {n}: the office moved.")
-    with client.subscribe(channels=[channel_name], kinds=[ON_STORE]) as events:
+    with client.subscribe(kinds=[ON_STORE], after_seq=0) as events:
         first = list(itertools.islice(events, 3))
     with client.subscribe(
         channels=channel_name, kinds="on_store", after_seq=first[0].seq
@@ -167,7 +167,7 @@ def test_async_client_triggers_and_subscribe(calor_target: str, channel_name: st
         async with AsyncCalorClient(calor_target, channel=channel_name) as calor:
             trigger = await calor.create_trigger(event="on_store", action="notify")
             ids = [(await calor.store(f"Async note {n}.")).id for n in range(2)]
-            stream = calor.subscribe(channels=[channel_name], trigger_ids=[trigger.id])
+            stream = calor.subscribe(trigger_ids=[trigger.id], after_seq=0)
             got = [event async for event in _take(stream, 2)]
             await stream.aclose()
             assert [e.memory_id for e in got] == ids
@@ -256,7 +256,9 @@ def test_cli_subscribe_prints_events_after_seq(
     calor: Run, client: CalorClient, channel_name: str
 ) -> None:
     ids = [client.store(f"Item {n} for the shopping list.").id for n in range(3)]
-    status, out, _ = calor("subscribe", "--kind", "on_store", "--max-events", "3", "--json")
+    status, out, _ = calor(
+        "subscribe", "--kind", "on_store", "--after-seq", "0", "--max-events", "3", "--json"
+    )
     assert status == 0
     events = [json.loads(line) for line in out.splitlines()]
     assert [e["memory_id"] for e in events] == ids
@@ -404,7 +406,7 @@ def test_a_stream_the_server_cancels_is_resumed() -> None:
     cancelled = FakeRpcError(grpc.StatusCode.CANCELLED, "Received RST_STREAM with error code 8")
     stub = FakeTriggerStub([([1, 2], cancelled), ((), cancelled), ([3], None)])
     with _fake_client(stub) as client:
-        assert [e.seq for e in client.subscribe()] == [1, 2, 3]
+        assert [e.seq for e in client.subscribe(after_seq=0)] == [1, 2, 3]
     assert [r.after_seq for r in stub.requests] == [0, 2, 2]
 
 
@@ -429,7 +431,7 @@ def test_progress_between_failures_resets_the_count() -> None:
     down = FakeRpcError(UNAVAILABLE, "restarting")
     stub = FakeTriggerStub([([n], down) for n in range(1, 16)] + [((), None)])
     with _fake_client(stub) as client:
-        assert [e.seq for e in client.subscribe()] == list(range(1, 16))
+        assert [e.seq for e in client.subscribe(after_seq=0)] == list(range(1, 16))
 
 
 def test_a_stream_that_stayed_open_a_while_resets_the_count(
@@ -453,14 +455,14 @@ def test_a_stream_that_stayed_open_a_while_resets_the_count(
 def test_subscribe_without_resume_raises_and_other_codes_are_not_resumed() -> None:
     behind = FakeRpcError(EXHAUSTED, "fell behind", last_seq=1)
     with _fake_client(FakeTriggerStub([([1], behind)])) as client:
-        events = client.subscribe(resume=False)
+        events = client.subscribe(resume=False, after_seq=0)
         assert next(events).seq == 1
         with pytest.raises(ResourceExhaustedError):
             next(events)
     bad = FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "channels: bad name")
     with _fake_client(FakeTriggerStub([((), bad)])) as client:
         with pytest.raises(InvalidArgumentError, match="bad name"):
-            list(client.subscribe())
+            list(client.subscribe(after_seq=0))
 
 
 def test_backoff_doubles_from_a_fifth_of_a_second_up_to_ten_before_jitter() -> None:
@@ -500,7 +502,7 @@ def test_async_subscribe_resumes_and_cancels_its_calls() -> None:
         client = AsyncCalorClient("127.0.0.1:1", channel="fake")
         client._triggers = stub  # type: ignore[assignment]
         try:
-            return [event.seq async for event in client.subscribe(kinds=[ON_STORE])]
+            return [event.seq async for event in client.subscribe(kinds=[ON_STORE], after_seq=0)]
         finally:
             await client.close()
 

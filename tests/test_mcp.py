@@ -113,6 +113,8 @@ def test_lists_every_tool_with_a_precise_schema(host: Host) -> None:
         10,
     )
     assert recall["properties"]["memory_types"]["items"]["enum"] == list(MEMORY_TYPE_NAMES)
+    band = recall["properties"]["min_band"]
+    assert (band["enum"], band["default"]) == (["", "low", "mid", "high"], "")
 
     assert tools["memory_context"].input_schema["required"] == ["message"]
     assert tools["memory_evaluate"].input_schema["required"] == ["text"]
@@ -351,3 +353,13 @@ def test_export_sections_cut_only_at_headings_outside_fences() -> None:
     second = "## Lunch\n- id: B\n- type: fact\n\n```text\nLunch is at noon.\n```\n\n"
     assert export_sections(first + second) == [first, second]
     assert export_sections("") == [""]
+
+
+def test_recall_leaves_out_weak_hits_below_min_band(host: Host, channel_name: str) -> None:
+    for text in ("The user is allergic to peanuts.", "Deploys go out on Tuesdays."):
+        host.ok("memory_store", text=text, channel=channel_name)
+    query = {"query": "what is the user allergic to?", "peek": True, "channel": channel_name}
+    _, every = host.ok("memory_recall", **query)
+    assert "low" in [hit["band"] for hit in every["hits"]]
+    _, kept = host.ok("memory_recall", min_band="mid", **query)
+    assert [hit["memory"]["text"] for hit in kept["hits"]] == ["The user is allergic to peanuts."]

@@ -258,7 +258,7 @@ def test_from_oldest_retained_is_asked_only_until_an_event_arrives() -> None:
     request = tpb.SubscribeRequest(after_seq=4, from_oldest_retained=True)
     resumer = _subscription.Resumer(request)
     assert resumer.request().from_oldest_retained
-    assert resumer.accept(tpb.Event(seq=9))
+    assert resumer.accept(tpb.SubscribeResponse(event=tpb.Event(seq=9)))
     again = resumer.request()
     assert (again.after_seq, again.from_oldest_retained) == (9, False)
 

@@ -79,6 +79,10 @@ class SubscriptionHub:
         """How many streams are open (the server's own relays left out)."""
         return sum(1 for subscriber in self._subscribers if not subscriber.relay)
 
+    async def last_seq(self) -> int:
+        """The sequence of the last event published to subscribers (0 for none)."""
+        return self.published_seq
+
     def publish(self, events: Sequence[EventRecord]) -> None:
         """Offer logged events (in sequence order) to every subscriber."""
         for event in events:

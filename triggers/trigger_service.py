@@ -144,6 +144,10 @@ class EventSource(Protocol):
         self, wanted: EventFilter, after_seq: int, *, from_oldest: bool = False
     ) -> AsyncIterator[EventRecord]: ...
 
+    async def last_seq(self) -> int:
+        """The sequence of the last event logged (0 for none)."""
+        ...
+
 
 class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     """The gRPC face of the trigger engine."""
@@ -416,7 +420,8 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
     async def Subscribe(
         self, request: tpb.SubscribeRequest, context: _Context
     ) -> AsyncIterator[tpb.SubscribeResponse]:
-        """Logged events after ``after_seq`` that pass the filter, then live ones.
+        """Logged events after ``after_seq`` (or, ``from_now``, after the last one
+        logged, said first) that pass the filter, then live ones.
 
         A resume point the log cannot serve ends the call with OUT_OF_RANGE, its bound
         named in the message and the trailing metadata (see ``SubscribeRequest``).
@@ -432,8 +437,11 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 readable=_readable(),
             )
             source = self._events or self._triggers().hub
+            if request.from_now:
+                last = await source.last_seq()
+                yield tpb.SubscribeResponse(start_seq=last)
             events = source.subscribe(
-                wanted, request.after_seq, from_oldest=request.from_oldest_retained
+                wanted, last, from_oldest=request.from_oldest_retained and not request.from_now
             )
             async for event in events:
                 yield tpb.SubscribeResponse(event=event_message(event))

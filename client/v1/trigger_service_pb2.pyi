@@ -664,6 +664,7 @@ class SubscribeRequest(_message.Message):
     TRIGGER_IDS_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     FROM_OLDEST_RETAINED_FIELD_NUMBER: _builtins.int
+    FROM_NOW_FIELD_NUMBER: _builtins.int
     after_seq: _builtins.int
     """Stream events numbered above this. 0 means from the oldest event the log
     still retains, whatever retention dropped before it (never OUT_OF_RANGE for
@@ -673,6 +674,10 @@ class SubscribeRequest(_message.Message):
     """If after_seq is older than what the log retains, start from the oldest
     retained event instead of answering OUT_OF_RANGE (accepting the loss). A gap
     that opens later in the same stream still ends it with OUT_OF_RANGE.
+    """
+    from_now: _builtins.bool
+    """Stream only what is logged from now on (after_seq and from_oldest_retained are
+    then ignored): the first response carries no event, only start_seq.
     """
     @_builtins.property
     def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -688,10 +693,11 @@ class SubscribeRequest(_message.Message):
         trigger_ids: _abc.Iterable[_builtins.str] | None = ...,
         after_seq: _builtins.int = ...,
         from_oldest_retained: _builtins.bool = ...,
+        from_now: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "channels", b"channels", "from_oldest_retained", b"from_oldest_retained", "kinds", b"kinds", "trigger_ids", b"trigger_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "channels", b"channels", "from_now", b"from_now", "from_oldest_retained", b"from_oldest_retained", "kinds", b"kinds", "trigger_ids", b"trigger_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -702,16 +708,23 @@ class SubscribeResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    START_SEQ_FIELD_NUMBER: _builtins.int
+    start_seq: _builtins.int
+    """In the first response of a from_now stream (and only there, without an event):
+    the sequence the stream starts after. Resume from it (after_seq) until an event
+    arrives, so that nothing logged meanwhile is missed.
+    """
     @_builtins.property
     def event(self) -> Global___Event: ...
     def __init__(
         self,
         *,
         event: Global___Event | None = ...,
+        start_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "start_seq", b"start_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -187,6 +187,10 @@ class ClusterEvents:
                     ) from error
             await asyncio.sleep(_RETRY_SECONDS)
 
+    async def last_seq(self) -> int:
+        """The stream's last sequence (0 while it is empty)."""
+        return (await self._bounds())[1]
+
     async def subscribe(
         self, wanted: _Filter, after_seq: int, *, from_oldest: bool = False
     ) -> AsyncIterator[EventRecord]:
