@@ -86,13 +86,55 @@ def _error(code: str, message: str, hint: str = "") -> types.CallToolResult:
 
 
 def _bad_arguments(err: ValidationError) -> str:
-    """What was wrong with a tool's arguments, one clause per argument."""
+    """What was wrong with a tool's arguments, one clause per argument, as Calor says it."""
     clauses: dict[str, str] = {}
     for problem in err.errors(include_url=False):
         # An optional argument's "or None" branch reports too; its first problem says it.
         name = str(problem["loc"][0]) if problem["loc"] else "arguments"
-        clauses.setdefault(name, f"{name}: {problem['msg']}")
+        clauses.setdefault(name, f"{name}: {_in_our_words(name, problem)}")
     return "; ".join(clauses.values())
+
+
+# What a value that does not match an argument's pattern is not, as the server says it.
+_NOT_A = {
+    "channel": "is not a channel name (1-128 letters, digits or _.:@/+-, starting with a "
+    "letter or digit)",
+    "id": "is not a memory id",
+    "ids": "holds something that is not a memory id",
+    "trigger_id": "is not a trigger id (1-64 letters, digits or _.:-, starting with a "
+    "letter or digit)",
+}
+
+
+def _in_our_words(name: str, problem: Any) -> str:
+    """One argument's problem in the words the server uses for the same mistake."""
+    kind, context = problem["type"], problem.get("ctx", {})
+    said = {
+        "missing": "is required",
+        "extra_forbidden": "is not an argument of this tool",
+        "string_too_short": "must not be empty",
+        "string_too_long": f"must be at most {context.get('max_length')} characters",
+        "string_pattern_mismatch": _NOT_A.get(name, "is not well formed"),
+        "too_short": f"needs at least {context.get('min_length')} item(s)",
+        "too_long": f"takes at most {context.get('max_length')} items",
+        "greater_than_equal": f"must be at least {context.get('ge')}",
+        "less_than_equal": f"must be at most {context.get('le')}",
+        "literal_error": f"must be one of {context.get('expected')}",
+        "bool_type": "must be true or false",
+        "bool_parsing": "must be true or false",
+        "int_type": "must be a whole number",
+        "int_parsing": "must be a whole number",
+        "int_from_float": "must be a whole number",
+        "float_type": "must be a number",
+        "float_parsing": "must be a number",
+        "string_type": "must be text",
+        "dict_type": "must be an object of text values",
+        "list_type": "must be a list",
+    }.get(kind)
+    if said is not None:
+        return said
+    message = str(problem["msg"])
+    return message.removeprefix("Value error, ")  # our own checks say it already
 
 
 async def call_tool(

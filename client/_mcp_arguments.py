@@ -24,9 +24,12 @@ __all__ = [
     "ForgetArguments",
     "IdArguments",
     "KeystoneArguments",
+    "ListArguments",
     "RecallArguments",
+    "ShareArguments",
     "StoreArguments",
     "TriggerFeedbackArguments",
+    "UpdateArguments",
     "input_schema",
 ]
 
@@ -64,10 +67,21 @@ SourceName = Annotated[
 ConfidenceName = Annotated[
     str, AfterValidator(_known(CONFIDENCE_NAMES, "confidence")), _enum_schema(CONFIDENCE_NAMES)
 ]
-NonEmpty = Annotated[str, Field(min_length=1)]
+# The bounds the server enforces, declared so that a host (and the model) sees them.
+MAX_TEXT_CHARS = 32 * 1024  # the server counts 32 KiB of UTF-8: fewer for non-ASCII text
+CHANNEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@/+-]*$"
+MEMORY_ID_PATTERN = r"^[0-9A-HJKMNP-TV-Z]{26}$"
+TRIGGER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+MemoryId = Annotated[str, Field(pattern=MEMORY_ID_PATTERN)]
+TagText = Annotated[str, Field(min_length=1, max_length=256)]
 
 # An optional argument: None when left out, and no "null" in the schema a host sees.
-Channel = NonEmpty | SkipJsonSchema[None]
+Channel = (
+    Annotated[str, Field(min_length=1, max_length=128, pattern=CHANNEL_PATTERN)]
+    | SkipJsonSchema[None]
+)
 
 _CHANNEL = (
     "The memory channel to work in; leave it out for the channel `calor mcp` was started "
@@ -86,7 +100,7 @@ class Arguments(BaseModel):
 class StoreArguments(Arguments):
     """The arguments of ``memory_store``."""
 
-    text: NonEmpty = Field(description="What to remember, as a self-contained statement.")
+    text: Text = Field(description="What to remember, as a self-contained statement.")
     memory_type: MemoryTypeName | SkipJsonSchema[None] = Field(
         None,
         description="How long it should last: working (an hour), episodic (events, a day), "
@@ -98,8 +112,10 @@ class StoreArguments(Arguments):
         None, description="0..1; leave it out to let the server estimate it."
     )
     keystone: bool = Field(False, description="Pin it so its heat never decays.")
-    tags: dict[str, str] = Field(
-        default_factory=dict, description="Free labels (key: value) to filter by later."
+    tags: dict[TagText, Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Free labels (key: value) to filter by later.",
     )
     source: SourceName | SkipJsonSchema[None] = Field(
         None, description="Who it comes from: human (a person said it), agent (the default)."
@@ -107,7 +123,7 @@ class StoreArguments(Arguments):
     confidence: ConfidenceName | SkipJsonSchema[None] = Field(
         None, description="observed (the default), inferred or asserted."
     )
-    idempotency_key: NonEmpty | SkipJsonSchema[None] = Field(
+    idempotency_key: TagText | SkipJsonSchema[None] = Field(
         None,
         description="Give the same key when retrying a store that may have succeeded: the "
         "retry returns the first memory and stores nothing.",
@@ -117,7 +133,7 @@ class StoreArguments(Arguments):
 class RecallArguments(Arguments):
     """The arguments of ``memory_recall``."""
 
-    query: NonEmpty = Field(
+    query: Text = Field(
         description="What to look for, in plain words; time phrases such as 'yesterday' or "
         "'last week' favour memories from then."
     )
@@ -139,7 +155,7 @@ class RecallArguments(Arguments):
 class ContextArguments(Arguments):
     """The arguments of ``memory_context``."""
 
-    message: NonEmpty = Field(description="The message the agent is about to answer.")
+    message: Text = Field(description="The message the agent is about to answer.")
     token_budget: int = Field(
         1000, ge=1, le=100_000, description="Tokens the block may take (the model's tokenizer)."
     )
@@ -153,13 +169,13 @@ class ContextArguments(Arguments):
 class IdArguments(Arguments):
     """The arguments of a tool on one memory (``memory_inspect``)."""
 
-    id: NonEmpty = Field(description="The memory's id, as store or recall gave it.")
+    id: MemoryId = Field(description="The memory's id, as store or recall gave it.")
 
 
 class ForgetArguments(Arguments):
     """The arguments of ``memory_forget``."""
 
-    ids: list[NonEmpty] = Field(
+    ids: list[MemoryId] = Field(
         min_length=1, max_length=1000, description="The ids of the memories to forget."
     )
     reject: bool = Field(
@@ -175,10 +191,55 @@ class KeystoneArguments(IdArguments):
     keystone: bool = Field(True, description="true pins the memory, false unpins it.")
 
 
+class UpdateArguments(IdArguments):
+    """The arguments of ``memory_update``: what is left out stays as it is."""
+
+    text: Text | SkipJsonSchema[None] = Field(
+        None, description="The corrected text (it replaces the old one, which is re-read)."
+    )
+    memory_type: MemoryTypeName | SkipJsonSchema[None] = Field(
+        None, description="The corrected type."
+    )
+    tags: dict[TagText, Annotated[str, Field(max_length=256)]] | SkipJsonSchema[None] = Field(
+        None, max_length=64, description="New tags, replacing the old ones ({} clears them)."
+    )
+    importance: Annotated[float, Field(ge=0.0, le=1.0)] | SkipJsonSchema[None] = Field(
+        None, description="The new importance, 0..1."
+    )
+    supersedes: MemoryId | SkipJsonSchema[None] = Field(
+        None,
+        description="The id of an older memory this one replaces: the older one is kept as "
+        "history, cooled and no longer recalled first.",
+    )
+
+
+class ListArguments(Arguments):
+    """The arguments of ``memory_list``."""
+
+    memory_types: list[MemoryTypeName] = Field(
+        default_factory=list, description="Only memories of these types (default: all)."
+    )
+    tags: dict[TagText, Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=64, description="Only memories with these tags."
+    )
+    page_size: int = Field(20, ge=1, le=100, description="At most this many memories.")
+    page_token: str = Field(
+        "", max_length=1024, description="Where to go on: next_page_token of the last page."
+    )
+
+
+class ShareArguments(IdArguments):
+    """The arguments of ``memory_share``."""
+
+    target_channel: Annotated[str, Field(min_length=1, max_length=128, pattern=CHANNEL_PATTERN)] = (
+        Field(description="The channel to copy the memory into.")
+    )
+
+
 class EvaluateArguments(Arguments):
     """The arguments of ``memory_evaluate``."""
 
-    text: NonEmpty = Field(description="What the agent is about to say.")
+    text: Text = Field(description="What the agent is about to say.")
     store_findings: bool = Field(
         False, description="Store each misalignment found as an episodic memory."
     )
@@ -187,7 +248,9 @@ class EvaluateArguments(Arguments):
 class TriggerFeedbackArguments(Arguments):
     """The arguments of ``trigger_feedback``."""
 
-    trigger_id: NonEmpty = Field(description="The trigger that fired.")
+    trigger_id: Annotated[str, Field(pattern=TRIGGER_ID_PATTERN)] = Field(
+        description="The trigger that fired."
+    )
     cause_seq: int = Field(
         ge=1, description="The seq of the event that made it fire (cause_seq of its events)."
     )

@@ -25,14 +25,18 @@ from calor.client._mcp_arguments import (
     ForgetArguments,
     IdArguments,
     KeystoneArguments,
+    ListArguments,
     RecallArguments,
+    ShareArguments,
     StoreArguments,
     TriggerFeedbackArguments,
+    UpdateArguments,
     input_schema,
 )
+from calor.client._mcp_schema import message_schema, object_schema
 from calor.client._transfer import export_total
 from calor.client.aio import AsyncCalorClient
-from calor.v1 import memory_service_pb2
+from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 __all__ = [
     "TOOLS",
@@ -125,6 +129,39 @@ async def _keystone(calor: AsyncCalorClient, a: KeystoneArguments) -> Reply:
     memory = await calor.keystone(a.id, on=a.keystone, channel=a.channel)
     verb = "pinned" if a.keystone else "unpinned"
     return Reply(f"{verb} {_render.memory_line(memory)}", {"memory": _render.to_dict(memory)})
+
+
+async def _update(calor: AsyncCalorClient, a: UpdateArguments) -> Reply:
+    memory = await calor.update(
+        a.id,
+        channel=a.channel,
+        text=a.text,
+        memory_type=a.memory_type,
+        tags=a.tags,
+        importance=a.importance,
+        supersedes=a.supersedes or "",
+    )
+    return Reply(f"updated {_render.memory_line(memory)}", {"memory": _render.to_dict(memory)})
+
+
+async def _list(calor: AsyncCalorClient, a: ListArguments) -> Reply:
+    page = await calor.list_memories(
+        channel=a.channel,
+        page_token=a.page_token,
+        page_size=a.page_size,
+        memory_types=a.memory_types,
+        tags=a.tags,
+    )
+    text = _render.listed(list(page.memories))
+    if page.next_page_token:
+        text += f"\nmore: page_token {page.next_page_token}"
+    return Reply(text, _render.to_dict(page))
+
+
+async def _share(calor: AsyncCalorClient, a: ShareArguments) -> Reply:
+    memory = await calor.share(a.id, a.target_channel, channel=a.channel)
+    text = f"shared into {a.target_channel}: {_render.memory_line(memory)}"
+    return Reply(text, {"memory": _render.to_dict(memory)})
 
 
 async def _trigger_feedback(calor: AsyncCalorClient, a: TriggerFeedbackArguments) -> Reply:
@@ -235,6 +272,15 @@ async def _export(calor: AsyncCalorClient, a: ExportArguments) -> Reply:
 
 # --- the catalogue --------------------------------------------------------------------------
 
+_EXPORT_SCHEMA = object_schema(
+    {
+        "markdown": {"type": "string"},
+        "memories": {"type": "integer"},
+        "total": {"type": ["integer", "null"]},
+        "truncated": {"type": "boolean"},
+    }
+)
+
 A = TypeVar("A", bound=Arguments)
 
 
@@ -248,6 +294,7 @@ class ToolSpec(Generic[A]):
         description: What it does and when to use it, for the model.
         arguments: The model its arguments are checked against (and their schema).
         run: The call, given checked arguments.
+        output: The JSON Schema of the structured data it answers (``outputSchema``).
         read_only: It changes nothing.
         destructive: It may remove or overwrite what is there.
         idempotent: Calling it again with the same arguments changes nothing more.
@@ -258,6 +305,7 @@ class ToolSpec(Generic[A]):
     description: str
     arguments: type[A]
     run: Callable[[AsyncCalorClient, A], Awaitable[Reply]]
+    output: dict[str, Any]
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
@@ -269,6 +317,7 @@ class ToolSpec(Generic[A]):
             title=self.title,
             description=self.description,
             input_schema=input_schema(self.arguments),
+            output_schema=self.output,
             annotations=types.ToolAnnotations(
                 title=self.title,
                 read_only_hint=self.read_only,
@@ -297,6 +346,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "memory's id, type and heat.",
         StoreArguments,
         _store,
+        object_schema({"memory": memory_pb2.Memory.DESCRIPTOR}),
     ),
     ToolSpec(
         "memory_recall",
@@ -306,6 +356,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "low), id, type, heat and text. Recalling warms what it returns unless peek is set.",
         RecallArguments,
         _recall,
+        message_schema(memory_service_pb2.RecallResponse.DESCRIPTOR),
     ),
     ToolSpec(
         "memory_context",
@@ -315,6 +366,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "packed into a token budget. The same memories give the same text.",
         ContextArguments,
         _context,
+        message_schema(memory_service_pb2.ContextResponse.DESCRIPTOR),
     ),
     ToolSpec(
         "memory_inspect",
@@ -323,7 +375,38 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "entities and its links to other memories.",
         IdArguments,
         _inspect,
+        message_schema(memory_service_pb2.InspectResponse.DESCRIPTOR),
         read_only=True,
+    ),
+    ToolSpec(
+        "memory_update",
+        "Correct a memory",
+        "Correct a memory by id: its text, type, tags or importance (what is left out stays "
+        "as it is). With supersedes, it replaces an older memory, which is kept as history "
+        "and no longer recalled first. Returns the memory as it is now.",
+        UpdateArguments,
+        _update,
+        object_schema({"memory": memory_pb2.Memory.DESCRIPTOR}),
+        idempotent=True,
+    ),
+    ToolSpec(
+        "memory_list",
+        "List memories",
+        "List the channel's memories page by page (no ranking and no warming), optionally "
+        "only some types or tags. Pass next_page_token as page_token for the next page.",
+        ListArguments,
+        _list,
+        message_schema(memory_service_pb2.ListMemoriesResponse.DESCRIPTOR),
+        read_only=True,
+    ),
+    ToolSpec(
+        "memory_share",
+        "Share a memory",
+        "Copy a memory into another channel (for another agent, or a shared channel), marked "
+        "as shared from this one. Returns the copy.",
+        ShareArguments,
+        _share,
+        object_schema({"memory": memory_pb2.Memory.DESCRIPTOR}),
     ),
     ToolSpec(
         "memory_forget",
@@ -333,6 +416,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "learned again. Returns how many were forgotten.",
         ForgetArguments,
         _forget,
+        object_schema({"forgotten": {"type": "integer"}}),
         destructive=True,
         idempotent=True,
     ),
@@ -343,6 +427,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "it (keystone false). Pin what must never be forgotten.",
         KeystoneArguments,
         _keystone,
+        object_schema({"memory": memory_pb2.Memory.DESCRIPTOR}),
         idempotent=True,
     ),
     ToolSpec(
@@ -353,6 +438,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "alignment score (0..1) and each issue with the memory behind it.",
         EvaluateArguments,
         _evaluate,
+        message_schema(memory_service_pb2.EvaluateResponse.DESCRIPTOR),
     ),
     ToolSpec(
         "trigger_feedback",
@@ -362,6 +448,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "last 30 days; a trigger that is mostly noise is flagged, and may be paused.",
         TriggerFeedbackArguments,
         _trigger_feedback,
+        object_schema({"trigger": trigger_service_pb2.Trigger.DESCRIPTOR}),
         idempotent=True,
     ),
     ToolSpec(
@@ -371,6 +458,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "active gates and open conflicts between memories.",
         Arguments,
         _status,
+        message_schema(memory_service_pb2.IdentityResponse.DESCRIPTOR),
         read_only=True,
     ),
     ToolSpec(
@@ -381,6 +469,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "step changed.",
         Arguments,
         _dream,
+        message_schema(memory_service_pb2.DreamResponse.DESCRIPTOR),
     ),
     ToolSpec(
         "memory_export",
@@ -389,6 +478,7 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         "tags, up to max_chars characters.",
         ExportArguments,
         _export,
+        _EXPORT_SCHEMA,
         read_only=True,
     ),
 )

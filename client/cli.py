@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,7 +40,13 @@ from calor.client._cli_status import add_status_command
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._cli_tune import add_tune_command
-from calor.client._credentials import CHANNEL_ENV, DEFAULT_CHANNEL, DEFAULT_TARGET, TARGET_ENV
+from calor.client._credentials import (
+    API_KEY_ENV,
+    CHANNEL_ENV,
+    DEFAULT_CHANNEL,
+    DEFAULT_TARGET,
+    TARGET_ENV,
+)
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
 from calor.client._subscription import Backoff
 from calor.client.client import CalorClient
@@ -201,6 +209,9 @@ def _mcp(args: argparse.Namespace) -> int:
     from calor.client._credentials import ChannelSecurity
     from calor.client._mcp import McpOptions, run
 
+    if args.print_config:
+        print(json.dumps(_mcp_host_config(args), indent=2))
+        return 0
     logging.basicConfig(level=logging.WARNING, format="calor mcp: %(levelname)s %(message)s")
     try:
         security = ChannelSecurity.of(**connection_arguments(args))
@@ -212,6 +223,27 @@ def _mcp(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _mcp_host_config(args: argparse.Namespace) -> dict[str, object]:
+    """The ``mcpServers`` entry that starts this ``calor mcp`` as it was asked for: the
+    executable and any certificate by absolute path; a key by the variable that holds it,
+    never its value."""
+    program = shutil.which(sys.argv[0]) or sys.argv[0]
+    if Path(program).name != "calor":  # run as a module or from a test: the installed script
+        program = str(Path(sys.executable).with_name("calor"))
+    command = ["mcp", "--target", args.target, "--channel", args.channel]
+    paths = {"--tls-ca": args.tls_ca, "--tls-client-cert": args.tls_client_cert}
+    paths["--tls-client-key"] = args.tls_client_key
+    for option, path in paths.items():
+        if path is not None:
+            command += [option, str(Path(path).resolve())]
+    if args.tls and args.tls_ca is None:
+        command.append("--tls")
+    entry: dict[str, object] = {"command": str(Path(program).resolve()), "args": command}
+    if args.api_key:
+        entry["env"] = {API_KEY_ENV: "<your Calor API key>"}
+    return {"mcpServers": {"calor": entry}}
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -620,11 +652,16 @@ def _parser() -> argparse.ArgumentParser:
 
     add_status_command(commands, shared)
 
-    command(
+    mcp = command(
         "mcp",
         None,
         "serve the memory tools to an agent host over the Model Context Protocol (stdio); "
         "--channel is the channel the tools use when a call names none",
+    )
+    mcp.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the JSON an MCP host's config takes to start this (absolute paths) and exit",
     )
 
     subscribe = command(

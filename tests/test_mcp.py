@@ -4,20 +4,24 @@ child process, which calls the shared test server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from jsonschema import Draft202012Validator
 from mcp import Client, MCPError, StdioServerParameters, types
 
 from calor.client import AsyncCalorClient, CalorClient
 from calor.client._enums import MEMORY_TYPE_NAMES
 from calor.client._mcp import call_tool
 from calor.client._mcp_tools import TOOLS, export_sections
+from tests.helpers import Run
 
 DEFAULT_CHANNEL = "mcp-default"
 
@@ -32,6 +36,9 @@ TOOL_NAMES = {
     "memory_status",
     "memory_dream",
     "memory_export",
+    "memory_update",
+    "memory_list",
+    "memory_share",
     "trigger_feedback",
 }
 
@@ -89,6 +96,7 @@ def test_lists_every_tool_with_a_precise_schema(host: Host) -> None:
     assert props["text"] == {
         "type": "string",
         "minLength": 1,
+        "maxLength": 32 * 1024,
         "description": props["text"]["description"],
     }
     assert props["memory_type"]["enum"] == list(MEMORY_TYPE_NAMES)
@@ -97,10 +105,14 @@ def test_lists_every_tool_with_a_precise_schema(host: Host) -> None:
     assert props["source"]["enum"] == ["human", "agent", "extracted", "ingest"]
     assert props["tags"] == {
         "type": "object",
-        "additionalProperties": {"type": "string"},
+        "additionalProperties": {"type": "string", "maxLength": 256},
+        "propertyNames": {"minLength": 1, "maxLength": 256},
+        "maxProperties": 64,
         "description": props["tags"]["description"],
     }
-    assert props["channel"]["type"] == "string"
+    channel = props["channel"]
+    assert (channel["type"], channel["maxLength"]) == ("string", 128)
+    assert channel["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_.:@/+-]*$"
     assert "null" not in str(store), "optional arguments are left out, never null"
 
     recall = tools["memory_recall"].input_schema
@@ -174,10 +186,10 @@ def test_a_call_without_a_channel_works_in_the_default_one(host: Host) -> None:
 
 
 def test_a_server_refusal_is_a_tool_error_with_the_servers_message(host: Host) -> None:
-    result = host.call("memory_recall", query="anything", channel="not a channel!")
+    result = host.call("memory_store", text="\u200b\u200b")  # fits the schema; says nothing
     assert result.is_error
     text = text_of(result)
-    assert text.startswith("INVALID_ARGUMENT: channel: 'not a channel!' is not a channel name")
+    assert text.startswith("INVALID_ARGUMENT: text: must not be empty, blank or only invisible")
     assert result.structured_content == {
         "error": {"code": "INVALID_ARGUMENT", "message": text.removeprefix("INVALID_ARGUMENT: ")}
     }
@@ -188,11 +200,20 @@ def test_arguments_that_do_not_fit_the_schema_are_a_tool_error(host: Host) -> No
     assert result.is_error
     text = text_of(result)
     assert text.startswith("INVALID_ARGUMENT: ")
-    assert "importance: Input should be less than or equal to 1" in text
-    assert "memory_type: Value error, unknown memory type 'gossip'" in text
-    assert "color: Extra inputs are not permitted" in text
+    assert "importance: must be at most 1.0" in text
+    assert "memory_type: unknown memory type 'gossip'" in text
+    assert "color: is not an argument of this tool" in text
     missing = host.call("memory_recall")
-    assert missing.is_error and "query: Field required" in text_of(missing)
+    assert missing.is_error and "query: is required" in text_of(missing)
+    # The server's bounds are the schema's, refused in the server's words before a call.
+    bad = host.call(
+        "memory_store", text="x" * (32 * 1024 + 1), channel="not a channel!", tags={"k": ""}
+    )
+    said = text_of(bad)
+    assert "text: must be at most 32768 characters" in said
+    assert "channel: is not a channel name (1-128 letters" in said
+    unknown = host.call("memory_inspect", id="nope")
+    assert "id: is not a memory id" in text_of(unknown)
 
 
 def test_an_unknown_id_is_not_found_and_the_server_keeps_serving(
@@ -249,7 +270,7 @@ def test_forget_removes_memories(host: Host, channel_name: str) -> None:
     _, recalled = host.ok("memory_recall", query="pets", peek=True, channel=channel_name)
     assert recalled["hits"] == []
     empty = host.call("memory_forget", ids=[], channel=channel_name)
-    assert empty.is_error and "ids: List should have at least 1 item" in text_of(empty)
+    assert empty.is_error and "ids: needs at least 1 item(s)" in text_of(empty)
     wrong = "The cat is allergic to fish."
     memory_id = host.ok("memory_store", text=wrong, channel=channel_name)[1]["memory"]["id"]
     host.ok("memory_forget", ids=[memory_id], reject=True, channel=channel_name)
@@ -363,3 +384,97 @@ def test_recall_leaves_out_weak_hits_below_min_band(host: Host, channel_name: st
     assert "low" in [hit["band"] for hit in every["hits"]]
     _, kept = host.ok("memory_recall", min_band="mid", **query)
     assert [hit["memory"]["text"] for hit in kept["hits"]] == ["The user is allergic to peanuts."]
+
+
+def test_every_tool_declares_an_output_schema_its_answers_fit(
+    host: Host, calor_target: str, channel_name: str
+) -> None:
+    tools = host.tools()
+    for tool in tools.values():
+        assert tool.output_schema is not None, tool.name
+        Draft202012Validator.check_schema(tool.output_schema)
+    with CalorClient(calor_target, channel=channel_name) as calor:
+        trigger = calor.create_trigger(event="on_store", action="notify", trigger_id="walk")
+        stored = calor.store("The user is allergic to peanuts.", memory_type="fact")
+        for _ in range(100):
+            history = calor.trigger_history(trigger.id)
+            if history:
+                break
+            time.sleep(0.05)
+    here = {"channel": channel_name}
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("memory_store", {"text": "Deploys go out on Tuesdays.", **here}),
+        ("memory_recall", {"query": "allergies", **here}),
+        ("memory_context", {"message": "What can I cook tonight?", **here}),
+        ("memory_inspect", {"id": stored.id, **here}),
+        ("memory_keystone", {"id": stored.id, "keystone": True, **here}),
+        ("memory_evaluate", {"text": "The user can eat peanuts.", **here}),
+        ("trigger_feedback", {"trigger_id": "walk", "cause_seq": history[0].seq,
+                              "rating": "useful", **here}),
+        ("memory_status", here),
+        ("memory_dream", here),
+        ("memory_export", here),
+        ("memory_update", {"id": stored.id, "tags": {"topic": "health"}, **here}),
+        ("memory_list", {"tags": {"topic": "health"}, **here}),
+        ("memory_share", {"id": stored.id, "target_channel": channel_name + "-team", **here}),
+        ("memory_forget", {"ids": [stored.id], **here}),
+    ]  # fmt: skip
+    assert {name for name, _ in calls} == set(tools)
+    for name, arguments in calls:
+        _, data = host.ok(name, **arguments)  # the SDK's client checks it too
+        errors = list(Draft202012Validator(tools[name].output_schema or {}).iter_errors(data))
+        assert not errors, (name, errors[0].message)
+
+
+def test_an_agent_corrects_lists_and_shares_memories(host: Host, channel_name: str) -> None:
+    _, first = host.ok("memory_store", text="The office moved to the fourth floor.",
+                       channel=channel_name)  # fmt: skip
+    _, second = host.ok("memory_store", text="The office moved to the fifth floor.",
+                        channel=channel_name)  # fmt: skip
+    old, new = first["memory"]["id"], second["memory"]["id"]
+    text, data = host.ok(
+        "memory_update", id=new, supersedes=old, tags={"topic": "office"}, channel=channel_name
+    )
+    assert text.startswith(f"updated {new}")
+    assert data["memory"]["tags"] == {"topic": "office", "supersedes": old}
+    _, listed = host.ok("memory_list", tags={"topic": "office"}, channel=channel_name)
+    assert [m["id"] for m in listed["memories"]] == [new]
+    _, page = host.ok("memory_list", page_size=1, channel=channel_name)
+    assert len(page["memories"]) == 1 and page["next_page_token"]
+    text, more = host.ok(
+        "memory_list", page_size=1, page_token=page["next_page_token"], channel=channel_name
+    )
+    assert more["memories"][0]["id"] != page["memories"][0]["id"]
+    text, shared = host.ok(
+        "memory_share", id=new, target_channel=channel_name + "-team", channel=channel_name
+    )
+    copy = shared["memory"]
+    assert text.startswith(f"shared into {channel_name}-team: ")
+    assert copy["channel"] == channel_name + "-team" and copy["id"] != new
+    assert "fifth floor" in copy["text"]
+
+
+def test_the_printed_host_config_starts_a_working_server(
+    calor: Run, calor_target: str, channel_name: str, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    status, out, _ = calor("mcp", "--print-config", "--tls-ca", str(ca), "--api-key", "k-1")
+    assert status == 0
+    entry = json.loads(out)["mcpServers"]["calor"]
+    assert Path(entry["command"]).is_absolute() and Path(entry["command"]).name == "calor"
+    assert entry["args"][entry["args"].index("--tls-ca") + 1] == str(ca.resolve())
+    assert entry["env"] == {"CALOR_API_KEY": "<your Calor API key>"}, "the key's name only"
+    assert "k-1" not in out
+    status, out, _ = calor("mcp", "--print-config")
+    entry = json.loads(out)["mcpServers"]["calor"]
+    assert entry["args"] == ["mcp", "--target", calor_target, "--channel", channel_name]
+
+    async def started() -> dict[str, Any]:
+        server = StdioServerParameters(command=entry["command"], args=entry["args"])
+        async with Client(server) as client:
+            result = await client.call_tool("memory_status", {})
+            assert not result.is_error
+            assert isinstance(result.structured_content, dict)
+            return result.structured_content
+
+    assert "by_state" in asyncio.run(started())
