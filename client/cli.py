@@ -62,6 +62,24 @@ Handler = Callable[[CalorClient, argparse.Namespace], Output | None]
 """A command; one that prints as it goes (``subscribe``) returns None."""
 
 
+# The modules calor[server] brings (see pyproject.toml): missing, a server command says so.
+_SERVER_PACKAGES = frozenset(
+    {
+        "cryptography",
+        "faiss",
+        "grpc_reflection",
+        "nats",
+        "numpy",
+        "onnxruntime",
+        "prometheus_client",
+        "re2",
+        "rocksdict",
+        "tokenizers",
+        "tomli_w",
+    }
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``calor`` command line.
 
@@ -76,12 +94,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as stop:  # argparse exits on --help and on usage errors
         return stop.code if isinstance(stop.code, int) else 2
-    if args.command == "serve":
-        return _serve(args)
-    if args.command == "keys":
-        return run_keys(args)
-    if args.command == "check":
-        return _check(args)
+    server_side = {"serve": _serve, "keys": run_keys, "check": _check}.get(args.command)
+    if server_side is not None:
+        try:
+            return server_side(args)
+        except ImportError as err:  # a client-only install: `pip install calor`
+            if (err.name or "").partition(".")[0] not in _SERVER_PACKAGES:
+                raise
+            print(
+                f"error: calor {args.command} needs the server's packages ({err.name} is not "
+                "installed): pip install 'calor[server]'",
+                file=sys.stderr,
+            )
+            return 1
     if args.command == "mcp":
         return _mcp(args)
     handler: Handler = args.handler
