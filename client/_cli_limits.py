@@ -29,7 +29,7 @@ def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], Any]
 
 def add_limit_options(serve: argparse.ArgumentParser) -> None:
     """Add the limit flags to ``calor serve``."""
-    limits = serve.add_argument_group("limits (README: Limits)")
+    limits = serve.add_argument_group("limits (docs/operations.md: Limits)")
     limits.add_argument(
         "--max-message-bytes",
         type=_at_least(1024, int),

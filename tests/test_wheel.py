@@ -1,10 +1,14 @@
-"""The package as a user installs it (issue 35, point 2): the wheel ``python -m build``
-makes installs alone, as the client, the CLI and ``calor mcp``, without the server's
-packages or the model, stays small, and drives a running server from a fresh venv."""
+"""The package as a user installs it (issue 35, points 1 and 2): the wheel ``python -m
+build`` makes installs alone, as the client, the CLI and ``calor mcp``, without the
+server's packages or the model, stays small, and drives a running server from a fresh
+venv, where the README's first screen (its Python example, its CLI line, its MCP
+entry) runs as written."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +72,34 @@ def test_the_base_wheel_installs_alone_and_drives_a_server(
     out = _run(bin_dir / "python", "-c", client, cwd=tmp_path, env=configured)
     assert out.strip() == "The wheel test stored this note."
 
+    _walk_the_readme(bin_dir, tmp_path, configured)
+
     serve = subprocess.run(
         [str(bin_dir / "calor"), "serve"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert serve.returncode == 1
     assert "pip install 'calor[server]'" in serve.stderr
+
+
+def _blocks(language: str) -> list[str]:
+    """The README's fenced code blocks of one language, in order."""
+    text = (ROOT / "README.md").read_text()
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def _walk_the_readme(bin_dir: Path, cwd: Path, env: dict[str, str]) -> None:
+    """The README's examples as a newcomer runs them, against the configured server."""
+    [example] = _blocks("python")
+    out = _run(bin_dir / "python", "-c", example, cwd=cwd, env=env)
+    assert "high The user is allergic to peanuts." in out.splitlines()[0]
+    shell = [b for b in _blocks("sh") if "calor store" in b]
+    assert len(shell) == 1
+    line = shell[0].strip().replace(".venv/bin/calor", str(bin_dir / "calor"))
+    done = subprocess.run(line, shell=True, cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "Deploys go out on Tuesdays." in done.stdout
+    [entry] = _blocks("json")
+    calor = json.loads(entry)["mcpServers"]["calor"]
+    assert calor["args"][0] == "mcp" and calor["command"].endswith("/.venv/bin/calor")
+    printed = _run(bin_dir / "calor", "mcp", "--print-config", "--channel", "me", cwd=cwd, env=env)
+    assert json.loads(printed)["mcpServers"]["calor"]["args"][:1] == ["mcp"]
