@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import stat
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,12 +25,13 @@ from google.protobuf.message import Message
 from calor.client._progress import Progress
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, export_total
 from calor.client.client import CalorClient
-from calor.client.errors import InvalidArgumentError
+from calor.client.errors import CalorClientError, InvalidArgumentError
 from calor.v1 import memory_service_pb2
 
 __all__ = ["add_transfer_commands"]
 
 _Handler = Callable[[CalorClient, argparse.Namespace], tuple[Message, str] | None]
+_POLL_SECONDS = 0.2  # how often an import's bar asks the server how far it has come
 
 
 def _export(client: CalorClient, args: argparse.Namespace) -> None:
@@ -60,24 +63,55 @@ def _export(client: CalorClient, args: argparse.Namespace) -> None:
 
 
 def _import(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str]:
-    """Send FILE (``-``: stdin) to the server in chunks, counting the bytes sent."""
+    """Send FILE (``-``: stdin) to the server in chunks; on a terminal, a bar follows the
+    server's own count of the memories it has read, embedded and stored."""
     name = "stdin" if args.file == "-" else args.file
-    with _input(args.file) as stream, Progress(_size(stream), label="import") as progress:
-        ids = client.import_markdown(
-            _blocks(stream, name, args.chunk_chars, progress),
-            chunk_chars=args.chunk_chars,
-            remap_ids=args.remap_ids,
-        )
+    token = secrets.token_urlsafe(12)
+    with _input(args.file) as stream, Progress(label="import") as bar:
+        with _following(client, token, bar):
+            ids = client.import_markdown(
+                _blocks(stream, name, args.chunk_chars),
+                chunk_chars=args.chunk_chars,
+                remap_ids=args.remap_ids,
+                progress_token=token,
+            )
+        bar.show(len(ids), len(ids), "done")
     response = memory_service_pb2.ImportResponse(ids=ids)
     return response, f"imported {len(ids)} {_memories(len(ids))}"
+
+
+@contextmanager
+def _following(client: CalorClient, token: str, bar: Progress) -> Iterator[None]:
+    """While the block runs, show on ``bar`` what the server says of the write under
+    ``token`` (polled a few times a second); nothing when the bar is not drawn."""
+    if not bar.enabled:
+        yield
+        return
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.wait(_POLL_SECONDS):
+            try:
+                progress = client.progress(token)
+            except CalorClientError:  # not started yet, or a server without Progress
+                continue
+            bar.show(progress.embedded, progress.total or progress.received, progress.phase)
+
+    poller = threading.Thread(target=follow, name="calor-import-progress", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()
 
 
 def _memories(count: int) -> str:
     return "memory" if count == 1 else "memories"
 
 
-def _blocks(stream: TextIO, name: str, chars: int, progress: Progress) -> Iterator[str]:
-    """The text of ``stream`` in blocks of ``chars`` characters, counted once sent.
+def _blocks(stream: TextIO, name: str, chars: int) -> Iterator[str]:
+    """The text of ``stream`` in blocks of ``chars`` characters.
 
     Raises:
         InvalidArgumentError: The file is not UTF-8 text.
@@ -92,7 +126,6 @@ def _blocks(stream: TextIO, name: str, chars: int, progress: Progress) -> Iterat
         if not block:
             return
         yield block
-        progress.update(len(block.encode("utf-8")))
 
 
 def _size(stream: TextIO) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -58,6 +59,8 @@ class Progress:
         self._start = 0.0
         self._last_draw = float("-inf")
         self._drawn = 0
+        self.phase = ""
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +86,15 @@ class Progress:
         """Tell the bar how many items there are once that is known."""
         self.total = total
 
+    def show(self, count: int, total: int | None, phase: str = "") -> None:
+        """Show counts another party keeps (a server's): ``count`` of ``total`` done,
+        in ``phase``; safe from another thread than the one that entered the bar."""
+        with self._lock:
+            self.count, self.total = count, total or None
+            self.phase = phase
+            if self._enabled:
+                self._draw(self._clock())
+
     def update(self, n: int = 1) -> None:
         """Count ``n`` more items done; redraws when the last redraw is old enough."""
         self.count += n
@@ -94,18 +106,19 @@ class Progress:
 
     def close(self) -> None:
         """Draw the final state and end the line; later calls do nothing."""
-        if not self._enabled:
-            return
-        self._draw(self._clock())
-        self._stream.write("\n")
-        self._stream.flush()
-        self._enabled = False
+        with self._lock:
+            if not self._enabled:
+                return
+            self._draw(self._clock())
+            self._stream.write("\n")
+            self._stream.flush()
+            self._enabled = False
 
     def line(self, now: float) -> str:
         """The status line as it reads at ``now`` (no carriage return)."""
         elapsed = now - self._start
         rate = self.count / elapsed if elapsed > 0 else 0.0
-        parts = [self.label] if self.label else []
+        parts = [f"{self.label} ({self.phase})" if self.phase else self.label] if self.label else []
         if self.total is None:
             parts.append(f"{self.count:,}")
         else:

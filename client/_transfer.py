@@ -120,16 +120,23 @@ class Chunker:
 
 
 def _request(
-    channel: str, chunk: str, first: bool, remap_ids: bool
+    channel: str, chunk: str, first: bool, remap_ids: bool, progress_token: str
 ) -> memory_service_pb2.ImportRequest:
-    """One message of an import: only the first names the channel and asks to remap ids."""
+    """One message of an import: only the first names the channel, asks to remap ids and
+    names the progress token."""
     if not first:
         return memory_service_pb2.ImportRequest(markdown=chunk)
-    return memory_service_pb2.ImportRequest(channel=channel, markdown=chunk, remap_ids=remap_ids)
+    return memory_service_pb2.ImportRequest(
+        channel=channel, markdown=chunk, remap_ids=remap_ids, progress_token=progress_token
+    )
 
 
 def import_requests(
-    channel: str, source: MarkdownSource, chunk_chars: int, remap_ids: bool = False
+    channel: str,
+    source: MarkdownSource,
+    chunk_chars: int,
+    remap_ids: bool = False,
+    progress_token: str = "",
 ) -> Iterator[memory_service_pb2.ImportRequest]:
     """The messages of one ``Import`` call, made as the stream pulls them.
 
@@ -144,10 +151,10 @@ def import_requests(
     def requests() -> Iterator[memory_service_pb2.ImportRequest]:
         first = True
         for chunk in chunker.chunks(source):
-            yield _request(channel, chunk, first, remap_ids)
+            yield _request(channel, chunk, first, remap_ids, progress_token)
             first = False
         if first:
-            yield _request(channel, "", first, remap_ids)
+            yield _request(channel, "", first, remap_ids, progress_token)
 
     return requests()
 
@@ -157,6 +164,7 @@ def aimport_requests(
     source: MarkdownSource | AsyncIterable[str],
     chunk_chars: int,
     remap_ids: bool = False,
+    progress_token: str = "",
 ) -> AsyncGenerator[memory_service_pb2.ImportRequest, None]:
     """:func:`import_requests` for the async client, whose source may be async too.
 
@@ -168,10 +176,10 @@ def aimport_requests(
     async def requests() -> AsyncGenerator[memory_service_pb2.ImportRequest, None]:
         first = True
         async for chunk in chunker.achunks(source):
-            yield _request(channel, chunk, first, remap_ids)
+            yield _request(channel, chunk, first, remap_ids, progress_token)
             first = False
         if first:
-            yield _request(channel, "", first, remap_ids)
+            yield _request(channel, "", first, remap_ids, progress_token)
 
     return requests()
 

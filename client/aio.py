@@ -143,15 +143,27 @@ class AsyncCalorClient(_convert.ClientBase):
         items: Iterable[str | memory_service_pb2.StoreRequest],
         *,
         channel: str | None = None,
+        progress_token: str = "",
         **options: Unpack[StoreOptions],
     ) -> list[str]:
         """Store many memories in one stream; see :meth:`CalorClient.store_many`."""
         messages = _convert.stream_requests(self._in(channel), items, **options)
         if not messages:
             return []
+        messages[0].progress_token = progress_token
         with translate_rpc_errors():
             response = await self._stub.StoreStream(iter(messages), timeout=self.timeout)
         return list(response.ids)
+
+    async def progress(
+        self, progress_token: str, *, channel: str | None = None
+    ) -> memory_service_pb2.ProgressResponse:
+        """How far a write given this token has come; see :meth:`CalorClient.progress`."""
+        request = memory_service_pb2.ProgressRequest(
+            channel=self._in(channel), progress_token=progress_token
+        )
+        with translate_rpc_errors():
+            return await self._stub.Progress(request, timeout=self.timeout)
 
     async def recall(
         self, query: str, *, channel: str | None = None, **options: Unpack[RecallOptions]
@@ -353,6 +365,7 @@ class AsyncCalorClient(_convert.ClientBase):
         channel: str | None = None,
         chunk_chars: int = DEFAULT_CHUNK_CHARS,
         remap_ids: bool = False,
+        progress_token: str = "",
     ) -> list[str]:
         """Import the memories that Markdown holds, all or nothing.
 
@@ -360,7 +373,9 @@ class AsyncCalorClient(_convert.ClientBase):
         iterable of pieces (a plain iterable is read on the event loop). If reading
         it raises, the call is cancelled, nothing is stored, and the error propagates.
         """
-        requests = _transfer.aimport_requests(self._in(channel), source, chunk_chars, remap_ids)
+        requests = _transfer.aimport_requests(
+            self._in(channel), source, chunk_chars, remap_ids, progress_token
+        )
         call = self._stub.Import(timeout=self.timeout)
         try:
             async with aclosing(requests):

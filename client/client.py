@@ -153,6 +153,7 @@ class CalorClient(SettingsCalls, TriggerCalls):
         items: Iterable[str | memory_service_pb2.StoreRequest],
         *,
         channel: str | None = None,
+        progress_token: str = "",
         **options: Unpack[StoreOptions],
     ) -> list[str]:
         """Store many memories in one stream, embedded in batches on the server.
@@ -161,6 +162,8 @@ class CalorClient(SettingsCalls, TriggerCalls):
             items: Texts, which take the options below, or whole ``StoreRequest``
                 messages, sent as they are (in ``channel`` if they name none).
             channel: The channel to store in, instead of the client's.
+            progress_token: A token under which the server counts the stream's
+                progress, for :meth:`progress` (see :meth:`import_markdown`).
             **options: As for :meth:`store`, for the text items: see
                 :class:`~calor.client._convert.StoreOptions`.
 
@@ -170,8 +173,24 @@ class CalorClient(SettingsCalls, TriggerCalls):
         messages = _convert.stream_requests(self._in(channel), items, **options)
         if not messages:
             return []
+        messages[0].progress_token = progress_token
         with translate_rpc_errors():
             return list(self._stub.StoreStream(iter(messages), timeout=self.timeout).ids)
+
+    def progress(
+        self, progress_token: str, *, channel: str | None = None
+    ) -> memory_service_pb2.ProgressResponse:
+        """How far a :meth:`store_many` or :meth:`import_markdown` given this
+        ``progress_token`` has come: items received, embedded and stored, the total
+        once the stream has ended, and its phase (``receiving``, ``embedding``,
+        ``storing``, ``done``, ``failed``). A finished call's counts stay readable a
+        few minutes; :class:`~calor.client.errors.NotFoundError` after that, or for a
+        token no call named."""
+        request = memory_service_pb2.ProgressRequest(
+            channel=self._in(channel), progress_token=progress_token
+        )
+        with translate_rpc_errors():
+            return self._stub.Progress(request, timeout=self.timeout)
 
     def recall(
         self, query: str, *, channel: str | None = None, **options: Unpack[RecallOptions]
@@ -542,6 +561,7 @@ class CalorClient(SettingsCalls, TriggerCalls):
         channel: str | None = None,
         chunk_chars: int = DEFAULT_CHUNK_CHARS,
         remap_ids: bool = False,
+        progress_token: str = "",
     ) -> list[str]:
         """Import the memories that Markdown holds: an export, or a plain list of notes.
 
@@ -566,6 +586,9 @@ class CalorClient(SettingsCalls, TriggerCalls):
             chunk_chars: Characters per message, at least 1.
             remap_ids: Give every imported memory a new id (the references among them
                 rewritten to match), e.g. to import an export into its own channel.
+            progress_token: A token of your choosing (1-64 of A-Z a-z 0-9 _-) under
+                which the server counts the import's progress, for :meth:`progress`
+                from another thread while this call runs.
 
         Returns:
             The imported memories' ids, in document order.
@@ -580,7 +603,9 @@ class CalorClient(SettingsCalls, TriggerCalls):
                 nothing is stored.
         """
         requests = _transfer.GuardedRequests(
-            _transfer.import_requests(self._in(channel), source, chunk_chars, remap_ids)
+            _transfer.import_requests(
+                self._in(channel), source, chunk_chars, remap_ids, progress_token
+            )
         )
         with translate_rpc_errors():
             call = self._stub.Import.future(requests, timeout=self.timeout)

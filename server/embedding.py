@@ -18,7 +18,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -293,14 +295,18 @@ def _deliver(piece: _Slice, vectors: np.ndarray) -> None:
 class BatchEmbedding:
     """The vectors of one batch whose texts arrive over time (a stream, an import):
     each full chunk of ``chunk`` texts goes to the model as soon as it is complete,
-    in one lane, so embedding overlaps receiving."""
+    in one lane, so embedding overlaps receiving; ``embedded`` hears how many texts
+    each finished chunk held."""
 
-    def __init__(self, queue: EmbeddingQueue, chunk: int) -> None:
+    def __init__(
+        self, queue: EmbeddingQueue, chunk: int, embedded: Callable[[int], None] | None = None
+    ) -> None:
         self._queue = queue
         self._chunk = chunk
         self._lane = IngestLane()
         self._waiting: list[str] = []
         self._pending: list[asyncio.Future[np.ndarray]] = []
+        self._embedded = embedded
 
     def add(self, texts: list[str]) -> None:
         """Queue texts; they are embedded in the order added."""
@@ -310,7 +316,10 @@ class BatchEmbedding:
             del self._waiting[: self._chunk]
 
     def _send(self, texts: list[str]) -> None:
-        self._pending.append(asyncio.ensure_future(self._queue.passages(texts, self._lane)))
+        part = asyncio.ensure_future(self._queue.passages(texts, self._lane))
+        if self._embedded is not None:
+            part.add_done_callback(partial(_count_embedded, self._embedded, len(texts)))
+        self._pending.append(part)
 
     async def vectors(self) -> np.ndarray:
         """Every text's vector, one row each in the order added."""
@@ -326,6 +335,12 @@ class BatchEmbedding:
         """Drop what has not been embedded yet (the caller went away or failed)."""
         for part in self._pending:
             part.cancel()
+
+
+def _count_embedded(told: Callable[[int], None], count: int, part: asyncio.Future[Any]) -> None:
+    """Tell ``told`` of a chunk the model embedded (not of one cancelled or failed)."""
+    if not part.cancelled() and part.exception() is None:
+        told(count)
 
 
 def load_model(model_dir: Path | None = None, threads: int = 2) -> OnnxEmbedder:

@@ -51,7 +51,10 @@ VERBS = {
 }
 """The ``calor`` verb that makes each RPC."""
 
-NO_VERB = {"StoreStream": "bulk stores from a shell go through `calor import` (Import)"}
+NO_VERB = {
+    "StoreStream": "bulk stores from a shell go through `calor import` (Import)",
+    "Progress": "`calor import` polls it to draw its bar",
+}
 """RPCs without a verb of their own, and why."""
 
 

@@ -67,6 +67,7 @@ def test_every_service_is_declared() -> None:
         "Export",
         "Import",
         "Tune",
+        "Progress",
         "DropChannel",
     } == set(services["MemoryService"])
     assert set(services["TriggerService"]) == {

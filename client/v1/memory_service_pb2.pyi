@@ -164,16 +164,22 @@ class StoreStreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STORE_FIELD_NUMBER: _builtins.int
+    PROGRESS_TOKEN_FIELD_NUMBER: _builtins.int
+    progress_token: _builtins.str
+    """Count this call's progress under this token (1-64 of A-Z a-z 0-9 _-), for
+    Progress(channel, token) while it runs; read from the first message.
+    """
     @_builtins.property
     def store(self) -> Global___StoreRequest: ...
     def __init__(
         self,
         *,
         store: Global___StoreRequest | None = ...,
+        progress_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["store", b"store"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["store", b"store"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["progress_token", b"progress_token", "store", b"store"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1829,6 +1835,7 @@ class ImportRequest(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     MARKDOWN_FIELD_NUMBER: _builtins.int
     REMAP_IDS_FIELD_NUMBER: _builtins.int
+    PROGRESS_TOKEN_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     markdown: _builtins.str
     remap_ids: _builtins.bool
@@ -1837,16 +1844,21 @@ class ImportRequest(_message.Message):
     exported ids, and an id the channel holds already is ALREADY_EXISTS (nothing
     imported). Read from any message of the stream; usually the first.
     """
+    progress_token: _builtins.str
+    """Count this call's progress under this token (1-64 of A-Z a-z 0-9 _-), for
+    Progress(channel, token) while it runs; read from the first message.
+    """
     def __init__(
         self,
         *,
         channel: _builtins.str = ...,
         markdown: _builtins.str = ...,
         remap_ids: _builtins.bool = ...,
+        progress_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "markdown", b"markdown", "remap_ids", b"remap_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "markdown", b"markdown", "progress_token", b"progress_token", "remap_ids", b"remap_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1910,3 +1922,65 @@ class DropChannelResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DropChannelResponse: _TypeAlias = DropChannelResponse  # noqa: Y015
+
+@_typing.final
+class ProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    PROGRESS_TOKEN_FIELD_NUMBER: _builtins.int
+    channel: _builtins.str
+    progress_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        channel: _builtins.str = ...,
+        progress_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "progress_token", b"progress_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgressRequest: _TypeAlias = ProgressRequest  # noqa: Y015
+
+@_typing.final
+class ProgressResponse(_message.Message):
+    """A StoreStream's or Import's progress; NOT_FOUND for a token no call of the channel
+    named lately (a finished call is kept a few minutes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    EMBEDDED_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    received: _builtins.int
+    """Items read from the stream so far (memories, for an import)."""
+    embedded: _builtins.int
+    """Of those, the ones the model has embedded."""
+    stored: _builtins.int
+    """Stored: 0 until the one atomic batch is written, then all of them."""
+    total: _builtins.int
+    """How many items the call holds: 0 until the stream has ended."""
+    phase: _builtins.str
+    """"receiving", "embedding", "storing", "done" or "failed"."""
+    def __init__(
+        self,
+        *,
+        received: _builtins.int = ...,
+        embedded: _builtins.int = ...,
+        stored: _builtins.int = ...,
+        total: _builtins.int = ...,
+        phase: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embedded", b"embedded", "phase", b"phase", "received", b"received", "stored", b"stored", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgressResponse: _TypeAlias = ProgressResponse  # noqa: Y015

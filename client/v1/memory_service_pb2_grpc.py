@@ -145,6 +145,11 @@ class MemoryServiceStub:
                 request_serializer=calor_dot_v1_dot_memory__service__pb2.DropChannelRequest.SerializeToString,
                 response_deserializer=calor_dot_v1_dot_memory__service__pb2.DropChannelResponse.FromString,
                 _registered_method=True)
+        self.Progress = channel.unary_unary(
+                '/calor.v1.MemoryService/Progress',
+                request_serializer=calor_dot_v1_dot_memory__service__pb2.ProgressRequest.SerializeToString,
+                response_deserializer=calor_dot_v1_dot_memory__service__pb2.ProgressResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -307,6 +312,14 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Progress(self, request, context):
+        """How far a StoreStream or Import that named a progress_token has come: its items
+        received, embedded and stored (write on the channel).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -419,6 +432,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.DropChannel,
                     request_deserializer=calor_dot_v1_dot_memory__service__pb2.DropChannelRequest.FromString,
                     response_serializer=calor_dot_v1_dot_memory__service__pb2.DropChannelResponse.SerializeToString,
+            ),
+            'Progress': grpc.unary_unary_rpc_method_handler(
+                    servicer.Progress,
+                    request_deserializer=calor_dot_v1_dot_memory__service__pb2.ProgressRequest.FromString,
+                    response_serializer=calor_dot_v1_dot_memory__service__pb2.ProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1016,6 +1034,33 @@ class MemoryService:
             '/calor.v1.MemoryService/DropChannel',
             calor_dot_v1_dot_memory__service__pb2.DropChannelRequest.SerializeToString,
             calor_dot_v1_dot_memory__service__pb2.DropChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Progress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calor.v1.MemoryService/Progress',
+            calor_dot_v1_dot_memory__service__pb2.ProgressRequest.SerializeToString,
+            calor_dot_v1_dot_memory__service__pb2.ProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

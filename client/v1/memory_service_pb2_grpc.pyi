@@ -81,6 +81,10 @@ class MemoryServiceStub:
     """Remove a whole channel: its memories, vectors, edges, settings, recall log and
     the text of its events and trigger history, leaving no trace on disk (admin).
     """
+    Progress: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ProgressRequest, _memory_service_pb2.ProgressResponse]
+    """How far a StoreStream or Import that named a progress_token has come: its items
+    received, embedded and stored (write on the channel).
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -134,6 +138,10 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     DropChannel: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.DropChannelRequest, _memory_service_pb2.DropChannelResponse]  # type: ignore[assignment]
     """Remove a whole channel: its memories, vectors, edges, settings, recall log and
     the text of its events and trigger history, leaving no trace on disk (admin).
+    """
+    Progress: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ProgressRequest, _memory_service_pb2.ProgressResponse]  # type: ignore[assignment]
+    """How far a StoreStream or Import that named a progress_token has come: its items
+    received, embedded and stored (write on the channel).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -317,6 +325,16 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_service_pb2.DropChannelResponse, _abc.Awaitable[_memory_service_pb2.DropChannelResponse]]:
         """Remove a whole channel: its memories, vectors, edges, settings, recall log and
         the text of its events and trigger history, leaving no trace on disk (admin).
+        """
+
+    @_abc_1.abstractmethod
+    def Progress(
+        self,
+        request: _memory_service_pb2.ProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.ProgressResponse, _abc.Awaitable[_memory_service_pb2.ProgressResponse]]:
+        """How far a StoreStream or Import that named a progress_token has come: its items
+        received, embedded and stored (write on the channel).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

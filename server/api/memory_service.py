@@ -30,6 +30,7 @@ from calor.server.api.convert import (
 )
 from calor.server.api.forwarding import FORWARDED_BY
 from calor.server.api.grants import Permission
+from calor.server.api.progress import ProgressBoard, WriteProgress, progress_token
 from calor.server.api.routing import GATHERED, query_vector
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
@@ -66,6 +67,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._progress = ProgressBoard()
 
     @staticmethod
     def _memory(current: Current | Stored) -> memory_pb2.Memory:
@@ -95,20 +97,25 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     ) -> pb.StoreStreamResponse:
         """All or nothing: items are validated and embedded as they arrive, then stored
         together in one atomic batch, so a bad item leaves the channel unchanged."""
+        progress = WriteProgress()
         try:
-            items, vectors = await self._receive(request_iterator)
+            items, vectors = await self._receive(request_iterator, progress)
+            progress.phase = "storing"
             stored = await self._rt.run(self._rt.engine.store, items, vectors)
         except CalorError as error:
+            progress.end("failed")
             await abort_with(context, error)
             raise  # unreachable: abort raises
+        progress.stored = len(stored)
+        progress.end("done")
         return pb.StoreStreamResponse(ids=[s.record.id for s in stored])
 
     async def _receive(
-        self, requests: AsyncIterator[pb.StoreStreamRequest]
+        self, requests: AsyncIterator[pb.StoreStreamRequest], progress: WriteProgress
     ) -> tuple[list[NewMemory], np.ndarray]:
         limits = self._rt.config.limits
         items: list[NewMemory] = []
-        batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch)
+        batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch, progress.embedded_more)
         # Each full chunk's texts are read (type, entities, valence) on a store thread
         # while the model embeds and later items arrive: less is left for the store.
         read_ahead: list[asyncio.Future[list[NewMemory]]] = []
@@ -122,13 +129,18 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
                     item = self._rt.validator.store(request.store)
                 except InvalidArgumentError as error:
                     raise InvalidArgumentError(f"item {len(items)}: {error.message}") from None
+                if not items:
+                    token = progress_token(request.progress_token)
+                    self._progress.track(item.channel, token, progress)
                 items.append(item)
+                progress.received += 1
                 batch.add([item.text])
                 if len(items) % limits.max_stream_batch == 0:
                     chunk = items[-limits.max_stream_batch :]
                     read_ahead.append(asyncio.ensure_future(self._rt.run(_read_all, chunk)))
             if not items:
                 raise InvalidArgumentError("StoreStream: the stream held no items")
+            progress.total, progress.phase = len(items), "embedding"
             vectors = await batch.vectors()
             read = [item for chunk in read_ahead for item in await chunk]
             return read + items[len(read) :], vectors
@@ -436,22 +448,32 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     ) -> pb.ImportResponse:
         """Markdown (an export, or a plain list of notes) in as memories, all or nothing:
         parsed and embedded as it arrives, imported together in one batch."""
-        batch = BatchEmbedding(self._rt.embeddings, self._rt.config.limits.max_stream_batch)
+        progress = WriteProgress()
+        limits = self._rt.config.limits
+        batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch, progress.embedded_more)
         try:
-            channel, parsed, remap_ids = await self._read_import(request_iterator, batch)
+            channel, parsed, remap_ids = await self._read_import(request_iterator, batch, progress)
+            progress.total, progress.phase = len(parsed), "embedding"
             vectors = await batch.vectors()
+            progress.phase = "storing"
             ids = await self._rt.run(
                 self._rt.engine.transfer.import_memories, channel, parsed, vectors, remap_ids
             )
         except CalorError as error:
+            progress.end("failed")
             await abort_with(context, error)
             raise  # unreachable: abort raises
         finally:
             batch.cancel()
+        progress.stored = len(ids)
+        progress.end("done")
         return pb.ImportResponse(ids=ids)
 
     async def _read_import(
-        self, requests: AsyncIterator[pb.ImportRequest], batch: BatchEmbedding
+        self,
+        requests: AsyncIterator[pb.ImportRequest],
+        batch: BatchEmbedding,
+        progress: WriteProgress,
     ) -> tuple[str, list[ParsedMemory], bool]:
         """The import's channel, memories and whether to remap their ids; each memory is
         checked against the limits and handed to ``batch`` to embed as it is read."""
@@ -467,26 +489,49 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             parsed.extend(read)
             self._cap_import(parsed)
             batch.add([p.text for p in read])
+            progress.received = len(parsed)
 
         async for request in requests:
             if request.channel and request.channel != channel:
                 if channel:
                     raise InvalidArgumentError("channel: one import goes to one channel")
                 channel = validator.channel(request.channel)
+                self._progress.track(channel, progress_token(request.progress_token), progress)
             if not channel:
                 raise InvalidArgumentError("channel: the first message must name the channel")
             remap_ids = remap_ids or request.remap_ids
             take(reader.feed(request.markdown))
         take(reader.finish())
         if not parsed:
-            raise InvalidArgumentError("Import: the Markdown held no memories")
+            raise InvalidArgumentError(
+                "Import: the Markdown held no memories (each note is a bullet line, '- …', "
+                "or a '## ' section of an export; paragraphs are not read as memories)"
+            )
         return channel, parsed, remap_ids
+
+    @rpc_errors
+    async def Progress(self, request: pb.ProgressRequest, context: _Context) -> pb.ProgressResponse:
+        channel = self._rt.validator.channel(request.channel)
+        token = progress_token(request.progress_token)
+        if not token:
+            raise InvalidArgumentError("progress_token: name the token the write was given")
+        return _progress_message(self._progress.read(channel, token))
 
     def _cap_import(self, items: list[ParsedMemory]) -> None:
         """Refuse an import past the cap on items per call (StoreStream's cap)."""
         cap = self._rt.config.limits.max_stream_items
         if len(items) > cap:
             raise InvalidArgumentError(f"Import: more than {cap} memories in one import")
+
+
+def _progress_message(progress: WriteProgress) -> pb.ProgressResponse:
+    return pb.ProgressResponse(
+        received=progress.received,
+        embedded=progress.embedded,
+        stored=progress.stored,
+        total=progress.total,
+        phase=progress.phase,
+    )
 
 
 def _read_all(items: list[NewMemory]) -> list[NewMemory]:
