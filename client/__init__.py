@@ -1,7 +1,7 @@
 """The Python client of Calor: ``CalorClient``, ``AsyncCalorClient`` and their errors."""
 
 from calor.client._render import to_dict
-from calor.client._subscription import Backoff, EventStream
+from calor.client._subscription import AsyncEventStream, Backoff, EventStream
 from calor.client.aio import AsyncCalorClient
 from calor.client.client import CalorClient
 from calor.client.errors import (
@@ -23,6 +23,7 @@ from calor.client.errors import (
 __all__ = [
     "AlreadyExistsError",
     "AsyncCalorClient",
+    "AsyncEventStream",
     "Backoff",
     "CalorClient",
     "CalorClientError",

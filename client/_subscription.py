@@ -19,11 +19,12 @@ metadata is only compared, and a disagreement logged.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
@@ -35,6 +36,7 @@ from calor.v1 import trigger_service_pb2
 __all__ = [
     "BACKOFF",
     "LAST_SEQ_KEY",
+    "AsyncEventStream",
     "Backoff",
     "EventStream",
     "Resumer",
@@ -342,3 +344,92 @@ class EventStream(Iterator[trigger_service_pb2.Event]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _AsyncStreamCall(Protocol):
+    """What the async client needs of a server-streaming call."""
+
+    def __aiter__(self) -> AsyncIterator[trigger_service_pb2.SubscribeResponse]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class AsyncEventStream(AsyncIterator[trigger_service_pb2.Event]):
+    """:class:`EventStream` for asyncio: iterate it with ``async for``; ``aclose()``
+    cancels the call underneath.
+
+    A stream from now starts when it is awaited (``events = await calor.subscribe()``:
+    every event logged after that is delivered) or, not awaited, at its first
+    ``anext``.
+
+    Args:
+        open_call: Starts one ``Subscribe`` call for a request.
+        resumer: The subscription's resume point and retry policy.
+    """
+
+    def __init__(
+        self,
+        open_call: Callable[[trigger_service_pb2.SubscribeRequest], _AsyncStreamCall],
+        resumer: Resumer,
+    ) -> None:
+        self._open = open_call
+        self._resumer = resumer
+        self._call: _AsyncStreamCall | None = None
+        self._responses: AsyncIterator[trigger_service_pb2.SubscribeResponse] | None = None
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last event yielded: pass it as ``after_seq`` later."""
+        return self._resumer.last_seq
+
+    def __await__(self) -> Generator[Any, None, Self]:
+        return self.start().__await__()
+
+    async def start(self) -> Self:
+        """Open the call now and wait until the server says where a stream from now
+        starts; StopAsyncIteration when the stream ended first."""
+        while self._resumer.starting:
+            self._resumer.accept(await self._response())
+        return self
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> trigger_service_pb2.Event:
+        while True:
+            response = await self._response()
+            if self._resumer.accept(response):
+                return response.event
+
+    async def _response(self) -> trigger_service_pb2.SubscribeResponse:
+        """The next answer, resubscribing as the policy allows."""
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._responses is None:
+                self._call = self._open(self._resumer.request())
+                self._responses = self._call.__aiter__()
+                self._resumer.opened()
+            try:
+                return await anext(self._responses)
+            except StopAsyncIteration:  # the server ended the stream cleanly
+                await self.aclose()
+                raise
+            except grpc.RpcError as err:
+                self._drop_call()
+                delay = self._resumer.retry_delay(err)
+                if delay is None:
+                    await self.aclose()
+                    raise from_rpc_error(err) from err
+            await asyncio.sleep(delay)
+
+    def _drop_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        self._call, self._responses = None, None
+
+    async def aclose(self) -> None:
+        """End the subscription and cancel its call; safe twice."""
+        self._closed = True
+        self._drop_call()

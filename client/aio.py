@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Self, Unpack
@@ -28,9 +27,9 @@ from calor.client._credentials import (
     target_and_channel,
 )
 from calor.client._enums import EnumArg
-from calor.client._subscription import Backoff, Resumer
+from calor.client._subscription import AsyncEventStream, Backoff, Resumer
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, MarkdownSource
-from calor.client.errors import from_rpc_error, translate_rpc_errors
+from calor.client.errors import translate_rpc_errors
 from calor.v1 import (
     memory_pb2,
     memory_service_pb2,
@@ -501,39 +500,25 @@ class AsyncCalorClient(_convert.ClientBase):
         resume: bool = True,
         from_oldest_retained: bool = False,
         backoff: Backoff | None = None,
-    ) -> AsyncGenerator[trigger_service_pb2.Event, None]:
+    ) -> AsyncEventStream:
         """Stream the client's channel's events from now on (or as told), resuming by
         itself; see :meth:`CalorClient.subscribe`.
 
-        Use it with ``async for``; the filter is checked at once (this is no
-        coroutine). A stream from now starts when iteration begins (the first
-        ``anext``): the events logged from then on. Cancelling the task that
-        iterates, or ``aclose()`` on the generator, cancels the call underneath.
+        Use it with ``async for``; the filter is checked at once. A stream from now
+        starts when it is awaited (``events = await calor.subscribe()`` returns once
+        the server has opened it: every event logged after that is delivered), or,
+        not awaited, at its first ``anext``. Cancelling the task that iterates, or
+        ``aclose()`` on the stream, cancels the call underneath.
 
         Example::
 
-            async for event in calor.subscribe():
+            async for event in await calor.subscribe():
                 print(event.seq, event.message)
         """
         request = _convert_triggers.subscribe_request(
             self.channel, channels, kinds, trigger_ids, after_seq, from_oldest_retained
         )
-        return self._events(Resumer(request, resume=resume, backoff=backoff))
-
-    async def _events(self, resumer: Resumer) -> AsyncGenerator[trigger_service_pb2.Event, None]:
-        """The events of one subscription across as many calls as it takes."""
-        while True:
-            call = self._triggers.Subscribe(resumer.request(), timeout=None)
-            resumer.opened()
-            try:
-                async for response in call:
-                    if resumer.accept(response):
-                        yield response.event
-                return  # the server ended the stream cleanly
-            except grpc.RpcError as err:
-                delay = resumer.retry_delay(err)
-                if delay is None:
-                    raise from_rpc_error(err) from err
-            finally:
-                call.cancel()
-            await asyncio.sleep(delay)
+        return AsyncEventStream(
+            lambda req: self._triggers.Subscribe(req, timeout=None),
+            Resumer(request, resume=resume, backoff=backoff),
+        )

@@ -27,6 +27,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
     assert calor.client.__all__ == [
         "AlreadyExistsError",
         "AsyncCalorClient",
+        "AsyncEventStream",
         "Backoff",
         "CalorClient",
         "CalorClientError",

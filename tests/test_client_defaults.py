@@ -73,22 +73,27 @@ def test_subscribe_streams_the_clients_channel_from_now(
 
 
 def test_the_async_subscription_also_starts_from_now(calor_target: str, channel_name: str) -> None:
-    async def scenario() -> tuple[str, list[str]]:
+    async def scenario() -> tuple[str, str, str]:
         async with AsyncCalorClient(calor_target, channel=channel_name) as calor:
             old = (await calor.store("History: the office plant was watered.")).id
-            stream = calor.subscribe(kinds=[ON_STORE])
-            first = asyncio.ensure_future(anext(stream))
+            events = await calor.subscribe(kinds=[ON_STORE])  # open once awaited
+            new = (await calor.store("Watered again today.")).id
+            event = await asyncio.wait_for(anext(events), 30)
+            await events.aclose()
+            # Not awaited, it starts at its first anext: a task that is waiting sees
+            # what is stored from then on.
+            lazy = calor.subscribe(kinds=[ON_STORE])
+            first = asyncio.ensure_future(anext(lazy))
             stored: list[str] = []
-            while not first.done():  # stored until the stream, once open, sees one
-                stored.append((await calor.store(f"Watered again, time {len(stored)}.")).id)
+            while not first.done():
+                stored.append((await calor.store(f"Watered, time {len(stored)}.")).id)
                 await asyncio.wait([first], timeout=0.2)
-            event = first.result()
-            await stream.aclose()
-            assert event.memory_id != old
-            return event.memory_id, stored
+            await lazy.aclose()
+            assert first.result().memory_id in stored
+            return old, new, event.memory_id
 
-    memory_id, stored = asyncio.run(scenario())
-    assert memory_id in stored
+    old, new, seen = asyncio.run(scenario())
+    assert seen == new != old
 
 
 def test_the_start_of_a_stream_from_now_is_its_resume_point() -> None:
