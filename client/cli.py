@@ -258,8 +258,11 @@ def _mcp_host_config(args: argparse.Namespace) -> dict[str, object]:
     if Path(program).name != "calor":  # run as a module or from a test: the installed script
         program = str(Path(sys.executable).with_name("calor"))
     command = ["mcp", "--target", args.target, "--channel", args.channel]
-    paths = {"--tls-ca": args.tls_ca, "--tls-client-cert": args.tls_client_cert}
-    paths["--tls-client-key"] = args.tls_client_key
+    paths = {
+        "--tls-ca": args.tls_ca,
+        "--tls-client-cert": args.tls_client_cert,
+        "--tls-client-key": args.tls_client_key,
+    }
     for option, path in paths.items():
         if path is not None:
             command += [option, str(Path(path).resolve())]
