@@ -206,6 +206,18 @@ class AsyncCalorClient(_convert.ClientBase):
                 return
             request.page_token = page.next_page_token
 
+    async def list_channels(self, prefix: str = "") -> list[str]:
+        """The readable channels' names; see :meth:`CalorClient.list_channels`."""
+        request = memory_service_pb2.ListChannelsRequest(prefix=prefix, page_size=1000)
+        names: list[str] = []
+        while True:
+            with translate_rpc_errors():
+                page = await self._stub.ListChannels(request, timeout=self.timeout)
+            names.extend(page.channels)
+            if not page.next_page_token:
+                return names
+            request.page_token = page.next_page_token
+
     async def update(
         self, memory_id: str, *, channel: str | None = None, **options: Unpack[UpdateOptions]
     ) -> memory_pb2.Memory:

@@ -256,6 +256,19 @@ class CalorClient(SettingsCalls, TriggerCalls):
                 return
             request.page_token = page.next_page_token
 
+    def list_channels(self, prefix: str = "") -> list[str]:
+        """The names of every channel this client's key may read that holds anything
+        (those starting with ``prefix``), in name order, fetched page by page."""
+        request = memory_service_pb2.ListChannelsRequest(prefix=prefix, page_size=1000)
+        names: list[str] = []
+        while True:
+            with translate_rpc_errors():
+                page = self._stub.ListChannels(request, timeout=self.timeout)
+            names.extend(page.channels)
+            if not page.next_page_token:
+                return names
+            request.page_token = page.next_page_token
+
     def update(
         self, memory_id: str, *, channel: str | None = None, **options: Unpack[UpdateOptions]
     ) -> memory_pb2.Memory:

@@ -316,6 +316,16 @@ def test_an_empty_subscription_delivers_only_granted_channels(keyed: Keyed) -> N
     assert foreign not in [e.memory_id for e in seen] and outside not in [e.memory_id for e in seen]
 
 
+def test_a_key_lists_only_the_channels_it_may_read(keyed: Keyed) -> None:
+    keyed.store("team-b/listed", "Team B keeps this to itself.")
+    keyed.store("team-a/listed", "Team A can see this one.")
+    as_reader = keyed.memories.ListChannels(pb.ListChannelsRequest(), metadata=keyed.key("reader"))
+    assert "team-a/listed" in as_reader.channels
+    assert all(name.startswith("team-a/") for name in as_reader.channels)
+    as_root = keyed.memories.ListChannels(pb.ListChannelsRequest(), metadata=keyed.key("root"))
+    assert {"team-a/listed", "team-b/listed"} <= set(as_root.channels)
+
+
 def test_a_stream_the_servicer_ends_keeps_its_status_and_trailers(keyed: Keyed) -> None:
     request = tpb.SubscribeRequest(channels=["team-a/x"], after_seq=10**12)
     stream = keyed.triggers.Subscribe(request, metadata=keyed.key("reader"), timeout=10)

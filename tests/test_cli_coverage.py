@@ -38,6 +38,7 @@ VERBS = {
     "Import": "import",
     "Tune": "tune",
     "DropChannel": "drop-channel",
+    "ListChannels": "channels",
     "GetSettings": "settings get",
     "UpdateSettings": "settings set",
     "ServerStatus": "status",

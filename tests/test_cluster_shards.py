@@ -390,8 +390,20 @@ def test_triggers_named_by_id_or_listed_without_a_channel_are_asked_of_every_sha
             )
             request = tpb.CreateTriggerRequest(trigger=trigger)
             retrying(lambda request=request: b.triggers.CreateTrigger(request, timeout=TIMEOUT))
-        listed: list[str] = []
+        for channel in watched:
+            a.store_in(channel, f"A note kept in {channel}.")
+        names: list[str] = []
         token = ""
+        while True:  # pages of 2 over every shard's channels, in name order, none twice
+            channels = pb.ListChannelsRequest(page_size=2, page_token=token)
+            pages = retrying(lambda ask=channels: b.stub.ListChannels(ask, timeout=TIMEOUT))
+            assert len(pages.channels) <= 2
+            names += pages.channels
+            token = pages.next_page_token
+            if not token:
+                break
+        assert set(watched) <= set(names) and names == sorted(set(names))
+        listed: list[str] = []
         while True:  # pages of 2 over every shard's triggers, in id order, none twice
             ask = tpb.ListTriggersRequest(page_size=2, page_token=token)
             page = retrying(lambda ask=ask: a.triggers.ListTriggers(ask, timeout=TIMEOUT))

@@ -68,6 +68,7 @@ def test_every_service_is_declared() -> None:
         "Import",
         "Tune",
         "Progress",
+        "ListChannels",
         "DropChannel",
     } == set(services["MemoryService"])
     assert set(services["TriggerService"]) == {

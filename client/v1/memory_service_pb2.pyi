@@ -1984,3 +1984,53 @@ class ProgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProgressResponse: _TypeAlias = ProgressResponse  # noqa: Y015
+
+@_typing.final
+class ListChannelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    """Only channels whose names start with this."""
+    page_size: _builtins.int
+    """0 means the default (100); at most 1000."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsRequest: _TypeAlias = ListChannelsRequest  # noqa: Y015
+
+@_typing.final
+class ListChannelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        channels: _abc.Iterable[_builtins.str] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsResponse: _TypeAlias = ListChannelsResponse  # noqa: Y015

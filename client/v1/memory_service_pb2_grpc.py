@@ -150,6 +150,11 @@ class MemoryServiceStub:
                 request_serializer=calor_dot_v1_dot_memory__service__pb2.ProgressRequest.SerializeToString,
                 response_deserializer=calor_dot_v1_dot_memory__service__pb2.ProgressResponse.FromString,
                 _registered_method=True)
+        self.ListChannels = channel.unary_unary(
+                '/calor.v1.MemoryService/ListChannels',
+                request_serializer=calor_dot_v1_dot_memory__service__pb2.ListChannelsRequest.SerializeToString,
+                response_deserializer=calor_dot_v1_dot_memory__service__pb2.ListChannelsResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -320,6 +325,13 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListChannels(self, request, context):
+        """The channels the caller's key may read that hold anything, in name order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -437,6 +449,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.Progress,
                     request_deserializer=calor_dot_v1_dot_memory__service__pb2.ProgressRequest.FromString,
                     response_serializer=calor_dot_v1_dot_memory__service__pb2.ProgressResponse.SerializeToString,
+            ),
+            'ListChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChannels,
+                    request_deserializer=calor_dot_v1_dot_memory__service__pb2.ListChannelsRequest.FromString,
+                    response_serializer=calor_dot_v1_dot_memory__service__pb2.ListChannelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1061,6 +1078,33 @@ class MemoryService:
             '/calor.v1.MemoryService/Progress',
             calor_dot_v1_dot_memory__service__pb2.ProgressRequest.SerializeToString,
             calor_dot_v1_dot_memory__service__pb2.ProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calor.v1.MemoryService/ListChannels',
+            calor_dot_v1_dot_memory__service__pb2.ListChannelsRequest.SerializeToString,
+            calor_dot_v1_dot_memory__service__pb2.ListChannelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

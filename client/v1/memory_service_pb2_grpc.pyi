@@ -85,6 +85,8 @@ class MemoryServiceStub:
     """How far a StoreStream or Import that named a progress_token has come: its items
     received, embedded and stored (write on the channel).
     """
+    ListChannels: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListChannelsRequest, _memory_service_pb2.ListChannelsResponse]
+    """The channels the caller's key may read that hold anything, in name order."""
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -143,6 +145,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """How far a StoreStream or Import that named a progress_token has come: its items
     received, embedded and stored (write on the channel).
     """
+    ListChannels: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListChannelsRequest, _memory_service_pb2.ListChannelsResponse]  # type: ignore[assignment]
+    """The channels the caller's key may read that hold anything, in name order."""
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Store, recall and tend an agent's memories, one channel per agent."""
@@ -336,5 +340,13 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """How far a StoreStream or Import that named a progress_token has come: its items
         received, embedded and stored (write on the channel).
         """
+
+    @_abc_1.abstractmethod
+    def ListChannels(
+        self,
+        request: _memory_service_pb2.ListChannelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.ListChannelsResponse, _abc.Awaitable[_memory_service_pb2.ListChannelsResponse]]:
+        """The channels the caller's key may read that hold anything, in name order."""
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

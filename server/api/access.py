@@ -88,6 +88,7 @@ RULES: dict[str, Need] = {
     _M + "Tune": _own(ADMIN),
     _M + "DropChannel": _own(ADMIN),
     _M + "Progress": _own(WRITE),
+    _M + "ListChannels": lambda r: [],  # the servicer lists the readable ones only
     _T + "CreateTrigger": lambda r: [(r.trigger.channel, ADMIN)],
     _T + "ListTriggers": _own(ADMIN),
     _T + "DeleteTrigger": _own(ADMIN),  # with no channel, trigger_service finds the

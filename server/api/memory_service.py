@@ -35,7 +35,7 @@ from calor.server.api.routing import GATHERED, query_vector
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import settings_message
-from calor.server.api.wire import encode_page_token
+from calor.server.api.wire import decode_page_token, encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
 from calor.server.engine.feedback import feedback_summary
@@ -516,6 +516,32 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         if not token:
             raise InvalidArgumentError("progress_token: name the token the write was given")
         return _progress_message(self._progress.read(channel, token))
+
+    @rpc_errors
+    async def ListChannels(
+        self, request: pb.ListChannelsRequest, context: _Context
+    ) -> pb.ListChannelsResponse:
+        """A page of the readable channels' names after the token's, in name order."""
+        validator = self._rt.validator
+        limits = self._rt.config.limits
+        size = validator.limit(
+            request.page_size, "page_size", limits.default_page_size, limits.max_page_size
+        )
+        if len(request.prefix) > limits.max_channel_chars:
+            raise InvalidArgumentError(f"prefix: over {limits.max_channel_chars} characters")
+        after = decode_page_token(request.page_token, valid=validator.is_channel)
+        readable = caller.grants().predicate(Permission.READ)
+        names = await self._rt.run(self._rt.engine.channels.names)
+        shown = [
+            name
+            for name in names
+            if name > after and name.startswith(request.prefix) and readable(name)
+        ]
+        page = shown[:size]
+        more = len(shown) > size
+        return pb.ListChannelsResponse(
+            channels=page, next_page_token=encode_page_token(page[-1]) if more else ""
+        )
 
     def _cap_import(self, items: list[ParsedMemory]) -> None:
         """Refuse an import past the cap on items per call (StoreStream's cap)."""

@@ -4,15 +4,18 @@ the node that owns their shard."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from calor.server.api.wire import encode_page_token
 from calor.server.errors import NotFoundError
+from calor.v1 import memory_service_pb2 as pb
 from calor.v1 import trigger_service_pb2 as tpb
+
+_Item = TypeVar("_Item")
 
 __all__ = [
     "FANNED_OUT",
@@ -51,7 +54,7 @@ def channels_of(name: str, request: Any) -> tuple[str, ...] | None:
     """The channels the call ``name`` reads or writes, from its (first) request; None
     for a call about no channel in particular or about every one: the server's status,
     a trigger named by its id alone, a subscription or trigger list without channels."""
-    if request is None or name == "ServerStatus":
+    if request is None or name in ("ServerStatus", "ListChannels"):
         return None
     if name == "Recall":
         return (request.channel, *request.channels)
@@ -68,9 +71,9 @@ def channels_of(name: str, request: Any) -> tuple[str, ...] | None:
     return (str(request.channel),)
 
 
-FANNED_OUT = frozenset({"DeleteTrigger", "ListTriggers", "TriggerHistory"})
+FANNED_OUT = frozenset({"DeleteTrigger", "ListChannels", "ListTriggers", "TriggerHistory"})
 """Calls that, naming no channel, every shard answers (a trigger named by its id alone,
-or every channel's triggers), their answers merged by :func:`merge`."""
+every channel's triggers, the channels), their answers merged by :func:`merge`."""
 
 
 def merge(name: str, request: Any, answers: list[bytes]) -> Any:
@@ -88,15 +91,35 @@ def merge(name: str, request: Any, answers: list[bytes]) -> Any:
         histories = [tpb.TriggerHistoryResponse.FromString(a) for a in answers]
         held = [h for h in histories if h.firings] or [tpb.TriggerHistoryResponse()]
         return held[0]
-    pages = [tpb.ListTriggersResponse.FromString(a) for a in answers]
-    every = sorted((t for page in pages for t in page.triggers), key=lambda t: t.id)
-    # A shard with more to list may hold ids past its page's last: the page stops there.
-    bounds = [page.triggers[-1].id for page in pages if page.next_page_token and page.triggers]
+    if name == "ListChannels":
+        channels = [pb.ListChannelsResponse.FromString(a) for a in answers]
+        names, token = _merged_pages(
+            [(list(page.channels), bool(page.next_page_token)) for page in channels],
+            lambda channel: channel,
+            request.page_size,
+        )
+        return pb.ListChannelsResponse(channels=names, next_page_token=token)
+    triggers = [tpb.ListTriggersResponse.FromString(a) for a in answers]
+    rules, token = _merged_pages(
+        [(list(page.triggers), bool(page.next_page_token)) for page in triggers],
+        lambda trigger: trigger.id,
+        request.page_size,
+    )
+    return tpb.ListTriggersResponse(triggers=rules, next_page_token=token)
+
+
+def _merged_pages(
+    pages: list[tuple[list[_Item], bool]], key: Callable[[_Item], str], size: int
+) -> tuple[list[_Item], str]:
+    """One page of at most ``size`` (0: 100) items, in ``key`` order, from every shard's
+    page (its items in that order, and whether it has more), and its page token."""
+    every = sorted((item for items, _ in pages for item in items), key=key)
+    # A shard with more to list may hold items past its page's last: the page stops there.
+    bounds = [key(items[-1]) for items, more in pages if more and items]
     bound = min(bounds, default=None)
-    shown = [t for t in every if bound is None or t.id <= bound][: request.page_size or 100]
+    shown = [item for item in every if bound is None or key(item) <= bound][: size or 100]
     more = len(shown) < len(every) or bound is not None
-    token = encode_page_token(shown[-1].id) if more and shown else ""
-    return tpb.ListTriggersResponse(triggers=shown, next_page_token=token)
+    return shown, encode_page_token(key(shown[-1])) if more and shown else ""
 
 
 def query_vector(metadata: Iterable[tuple[str, Any]], dim: int) -> np.ndarray | None:

@@ -100,6 +100,10 @@ class Validator:
             )
         return value
 
+    def is_channel(self, value: str) -> bool:
+        """Whether ``value`` is a channel name (as :meth:`channel` accepts)."""
+        return len(value) <= self.limits.max_channel_chars and bool(_CHANNEL_RE.match(value))
+
     def memory_id(self, value: str, field: str = "id") -> str:
         """A memory id as the server hands them out."""
         if not value:

@@ -237,6 +237,11 @@ class ChannelRegistry:
                 self._retired[name] = (view.revision + 1, view.arrivals + 1)
         self.graphs.discard(name)
 
+    def names(self) -> list[str]:
+        """Every channel the server holds, loaded or not, in name order."""
+        with self._lock:
+            return sorted(self._stored.union(self._channels))
+
     def find(self, name: str) -> Channel | None:
         """A channel's view, if the channel exists (loaded from the store on first use)."""
         return self._loaded(name)
