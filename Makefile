@@ -29,7 +29,7 @@ $(RUNTIME): pyproject.toml
 
 ## And the tools the tests, the linters and the stub generator need.
 $(STAMP): $(RUNTIME)
-	$(PIP) install -q -e '.[server,dev]'
+	$(PIP) install -q -e '.[server,dev,langgraph,langchain]'
 	touch $(STAMP)
 
 ## The Node.js client test's npm packages, exactly as package-lock.json pins them.
