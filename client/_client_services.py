@@ -221,6 +221,7 @@ class TriggerCalls(ClientBase):
         resume: bool = True,
         from_oldest_retained: bool = False,
         backoff: Backoff | None = None,
+        until_seq: int = 0,
     ) -> EventStream:
         """Stream the client's channel's events from now on, as they are logged.
 
@@ -263,6 +264,9 @@ class TriggerCalls(ClientBase):
             backoff: How to wait between resubscriptions and how many failures in a
                 row to allow (:class:`~calor.client.Backoff`); None: the default,
                 which retries for ever.
+            until_seq: End the stream once every event up to this sequence was
+                delivered (with ``after_seq``, a window of history; at most the log's
+                last sequence); 0 (the default): no end.
 
         Returns:
             An iterator of ``Event`` messages; its ``last_seq`` is the resume point.
@@ -277,6 +281,7 @@ class TriggerCalls(ClientBase):
         request = _convert_triggers.subscribe_request(
             self.channel, channels, kinds, trigger_ids, after_seq, from_oldest_retained
         )
+        request.until_seq = until_seq
         stream = EventStream(
             lambda req: self._triggers.Subscribe(req, timeout=None),
             Resumer(request, resume=resume, backoff=backoff),

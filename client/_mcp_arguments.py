@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.json_schema import SkipJsonSchema
 
 from calor.client._enums import MEMORY_TYPE_NAMES, short_name
-from calor.v1 import memory_pb2
+from calor.v1 import memory_pb2, trigger_service_pb2
 
 __all__ = [
     "Arguments",
@@ -27,6 +27,7 @@ __all__ = [
     "ListArguments",
     "RecallArguments",
     "ShareArguments",
+    "RecentEventsArguments",
     "StoreArguments",
     "TriggerFeedbackArguments",
     "UpdateArguments",
@@ -63,6 +64,10 @@ MemoryTypeName = Annotated[
 ]
 SourceName = Annotated[
     str, AfterValidator(_known(SOURCE_NAMES, "source")), _enum_schema(SOURCE_NAMES)
+]
+EVENT_KIND_NAMES = _enum_names(trigger_service_pb2.EventKind, "EVENT_KIND_")
+EventKindName = Annotated[
+    str, AfterValidator(_known(EVENT_KIND_NAMES, "event kind")), _enum_schema(EVENT_KIND_NAMES)
 ]
 ConfidenceName = Annotated[
     str, AfterValidator(_known(CONFIDENCE_NAMES, "confidence")), _enum_schema(CONFIDENCE_NAMES)
@@ -266,6 +271,15 @@ class ExportArguments(Arguments):
         ge=1000,
         le=1_000_000,
         description="Stop after this many characters of Markdown (whole memories only).",
+    )
+
+
+class RecentEventsArguments(Arguments):
+    """The arguments of ``memory_subscribe_recent``."""
+
+    limit: int = Field(20, ge=1, le=200, description="At most this many events, the latest.")
+    kinds: list[EventKindName] = Field(
+        default_factory=list, max_length=16, description="Only these kinds (default: all)."
     )
 
 

@@ -46,13 +46,19 @@ def message_schema(descriptor: Descriptor) -> dict[str, Any]:
 
 
 def object_schema(properties: dict[str, Any], *nested: Descriptor) -> dict[str, Any]:
-    """The schema of a plain object whose properties are all there, given as schemas or
-    as message descriptors (their ``to_dict`` form)."""
+    """The schema of a plain object whose properties are all there, given as schemas, as
+    message descriptors (their ``to_dict`` form), or as a list of one descriptor (an
+    array of such messages)."""
     definitions: dict[str, dict[str, Any]] = {}
-    shown = {
-        name: _reference(value, definitions) if isinstance(value, Descriptor) else value
-        for name, value in properties.items()
-    }
+
+    def shown_as(value: Any) -> dict[str, Any]:
+        if isinstance(value, Descriptor):
+            return _reference(value, definitions)
+        if isinstance(value, list):
+            return {"type": "array", "items": _reference(value[0], definitions)}
+        return dict(value)
+
+    shown = {name: shown_as(value) for name, value in properties.items()}
     schema: dict[str, Any] = {
         "type": "object",
         "properties": shown,

@@ -9,6 +9,7 @@ what came back, as short text for the model and as structured data.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
@@ -27,6 +28,7 @@ from calor.client._mcp_arguments import (
     KeystoneArguments,
     ListArguments,
     RecallArguments,
+    RecentEventsArguments,
     ShareArguments,
     StoreArguments,
     TriggerFeedbackArguments,
@@ -162,6 +164,32 @@ async def _share(calor: AsyncCalorClient, a: ShareArguments) -> Reply:
     memory = await calor.share(a.id, a.target_channel, channel=a.channel)
     text = f"shared into {a.target_channel}: {_render.memory_line(memory)}"
     return Reply(text, {"memory": _render.to_dict(memory)})
+
+
+async def _recent_events(calor: AsyncCalorClient, a: RecentEventsArguments) -> Reply:
+    channels = [a.channel] if a.channel else None
+    opened = await calor.subscribe(channels=channels, kinds=a.kinds, resume=False)
+    end = opened.last_seq  # the log's last event as the stream opened
+    await opened.aclose()
+    recent: deque[trigger_service_pb2.Event] = deque(maxlen=a.limit)
+    if end:
+        history = calor.subscribe(
+            channels=channels,
+            kinds=a.kinds,
+            after_seq=0,
+            from_oldest_retained=True,
+            until_seq=end,
+            resume=False,
+        )
+        try:
+            async for event in history:
+                recent.append(event)
+        finally:
+            await history.aclose()
+    lines = [_render.event_line(event) for event in recent]
+    text = "\n".join(lines) if lines else "no events retained"
+    data = {"events": [_render.to_dict(event) for event in recent], "last_seq": end}
+    return Reply(text, data)
 
 
 async def _trigger_feedback(calor: AsyncCalorClient, a: TriggerFeedbackArguments) -> Reply:
@@ -439,6 +467,22 @@ TOOLS: tuple[ToolSpec[Any], ...] = (
         EvaluateArguments,
         _evaluate,
         message_schema(memory_service_pb2.EvaluateResponse.DESCRIPTOR),
+    ),
+    ToolSpec(
+        "memory_subscribe_recent",
+        "Recent memory events",
+        "The channel's latest events, oldest first: memories stored, recalled, updated, "
+        "forgotten, dreams, and what triggers notified. Each shows its seq (pass it to "
+        "trigger_feedback as cause_seq), kind, memory and message. Changes nothing.",
+        RecentEventsArguments,
+        _recent_events,
+        object_schema(
+            {
+                "events": [trigger_service_pb2.Event.DESCRIPTOR],
+                "last_seq": {"type": "integer"},
+            }
+        ),
+        read_only=True,
     ),
     ToolSpec(
         "trigger_feedback",

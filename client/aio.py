@@ -512,6 +512,7 @@ class AsyncCalorClient(_convert.ClientBase):
         resume: bool = True,
         from_oldest_retained: bool = False,
         backoff: Backoff | None = None,
+        until_seq: int = 0,
     ) -> AsyncEventStream:
         """Stream the client's channel's events from now on (or as told), resuming by
         itself; see :meth:`CalorClient.subscribe`.
@@ -530,6 +531,7 @@ class AsyncCalorClient(_convert.ClientBase):
         request = _convert_triggers.subscribe_request(
             self.channel, channels, kinds, trigger_ids, after_seq, from_oldest_retained
         )
+        request.until_seq = until_seq
         return AsyncEventStream(
             lambda req: self._triggers.Subscribe(req, timeout=None),
             Resumer(request, resume=resume, backoff=backoff),

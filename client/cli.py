@@ -380,6 +380,7 @@ def _subscribe(client: CalorClient, args: argparse.Namespace) -> None:
         after_seq=args.after_seq,
         from_oldest_retained=args.from_oldest,
         backoff=Backoff(attempts=args.max_attempts) if args.max_attempts > 0 else None,
+        until_seq=args.until_seq,
     )
     notices = logging.StreamHandler(sys.stderr)
     notices.setFormatter(logging.Formatter("calor: %(message)s"))
@@ -718,6 +719,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="start after event N (0: everything the log still holds; default: from now)",
+    )
+    subscribe.add_argument(
+        "--until-seq",
+        type=int,
+        default=0,
+        metavar="N",
+        help="end after event N (with --after-seq: a window of the log's history)",
     )
     subscribe.add_argument(
         "--from-oldest",

@@ -350,6 +350,10 @@ def test_one_subscription_follows_every_shard_and_resumes_on_another_node(
                 break
         resumed.cancel()
         assert all(event.seq > seqs[-1] for event in after)
+        # A window of the stream's history ends by itself at until_seq.
+        window = tpb.SubscribeRequest(kinds=[stored], after_seq=seqs[0], until_seq=seqs[-1])
+        windowed = [r.event.seq for r in b.triggers.Subscribe(window, timeout=TIMEOUT)]
+        assert windowed == [e.seq for e in seen if e.kind == stored and e.seq > seqs[0]]
         # Forgotten: the events that quoted its text leave the events stream.
         forget = pb.ForgetRequest(channel=quoted, ids=[secret])
         assert retrying(lambda: b.stub.Forget(forget, timeout=TIMEOUT)).forgotten == 1

@@ -39,6 +39,7 @@ TOOL_NAMES = {
     "memory_update",
     "memory_list",
     "memory_share",
+    "memory_subscribe_recent",
     "trigger_feedback",
 }
 
@@ -418,6 +419,7 @@ def test_every_tool_declares_an_output_schema_its_answers_fit(
         ("memory_list", {"tags": {"topic": "health"}, **here}),
         ("memory_share", {"id": stored.id, "target_channel": channel_name + "-team", **here}),
         ("memory_forget", {"ids": [stored.id], **here}),
+        ("memory_subscribe_recent", {"limit": 3, **here}),
     ]  # fmt: skip
     assert {name for name, _ in calls} == set(tools)
     for name, arguments in calls:
@@ -452,6 +454,24 @@ def test_an_agent_corrects_lists_and_shares_memories(host: Host, channel_name: s
     assert text.startswith(f"shared into {channel_name}-team: ")
     assert copy["channel"] == channel_name + "-team" and copy["id"] != new
     assert "fifth floor" in copy["text"]
+
+
+def test_recent_events_are_the_channels_last_ones_oldest_first(
+    host: Host, calor_target: str, channel_name: str
+) -> None:
+    text, data = host.ok("memory_subscribe_recent", channel=channel_name)
+    assert data["events"] == [] and text == "no events retained"
+    with CalorClient(calor_target, channel=channel_name) as calor:
+        ids = [calor.store(f"Note {n} of the recent-events test.").id for n in range(5)]
+        calor.store("Elsewhere.", channel=channel_name + "-other")
+    text, data = host.ok("memory_subscribe_recent", limit=3, kinds=["on_store"],
+                         channel=channel_name)  # fmt: skip
+    assert [e["memory_id"] for e in data["events"]] == ids[-3:]
+    assert all(e["channel"] == channel_name for e in data["events"])
+    assert data["last_seq"] >= data["events"][-1]["seq"]
+    assert len(text.splitlines()) == 3 and ids[-1] in text.splitlines()[-1]
+    _, everything = host.ok("memory_subscribe_recent", limit=200, channel=channel_name)
+    assert len(everything["events"]) >= 5  # stores, and whatever else the channel logged
 
 
 def test_the_printed_host_config_starts_a_working_server(

@@ -4,6 +4,7 @@ subscriptions reconnect through outages for as long as they last, against real s
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -107,6 +108,29 @@ def test_after_seq_at_the_last_seq_waits_for_new_events(
         events = [next(call).event for _ in range(2)]
         call.cancel()
     assert [(e.seq, e.message) for e in events] == [(last + 1, "new"), (last + 2, "newer")]
+
+
+def test_until_seq_ends_the_stream_after_a_window_of_history(
+    start_server: Callable[..., ServerThread],
+) -> None:
+    server = start_server()
+    log_notes(server, "window", "a", "b", "c", "d")
+    log_notes(server, "elsewhere", "e")
+    log_notes(server, "window", "f")
+    with grpc.insecure_channel(server.target) as channel:
+        stub = TriggerServiceStub(channel)
+        seqs = [e.seq for e in take(stub, tpb.SubscribeRequest(channels=["window"]), 5)]
+        window = tpb.SubscribeRequest(channels=["window"], after_seq=seqs[0], until_seq=seqs[3])
+        assert [e.event.message for e in stub.Subscribe(window, timeout=10)] == ["b", "c", "d"]
+        end = seqs[-1] - 1  # the other channel's event: nothing of the window's comes after
+        up_to = tpb.SubscribeRequest(channels=["window"], until_seq=end)
+        assert [e.event.message for e in stub.Subscribe(up_to, timeout=10)] == list("abcd")
+        error = refusal(stub, tpb.SubscribeRequest(channels=["window"], until_seq=seqs[-1] + 9))
+    assert error.code() == OUT_OF_RANGE
+    assert f"until_seq={seqs[-1] + 9} is beyond the end" in (error.details() or "")
+    with CalorClient(server.target, channel="window") as client:
+        events = client.subscribe(after_seq=0, until_seq=seqs[2])
+        assert [event.message for event in events] == ["a", "b", "c"]
 
 
 def test_a_resume_point_older_than_retained_is_out_of_range_naming_the_oldest(
@@ -280,3 +304,13 @@ def test_cli_subscribe_beyond_the_end_fails_naming_the_last_seq(calor: Run) -> N
     status, out, err = calor("subscribe", "--after-seq", str(10**12), "--max-attempts", "3")
     assert (status, out) == (1, "")
     assert "OUT_OF_RANGE" in err and "its last sequence is" in err
+
+
+def test_cli_subscribe_until_seq_prints_a_window_and_ends(calor: Run, channel_name: str) -> None:
+    for n in range(3):
+        assert calor("store", f"Window note {n}.")[0] == 0
+    status, out, _ = calor("--json", "subscribe", "--after-seq", "0", "--kind", "on_store",
+                           "--max-events", "3")  # fmt: skip
+    seqs = [json.loads(line)["seq"] for line in out.splitlines()]
+    status, out, _ = calor("subscribe", "--after-seq", str(seqs[0]), "--until-seq", str(seqs[1]))
+    assert status == 0 and len(out.splitlines()) == 1 and str(seqs[1]) in out

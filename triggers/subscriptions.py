@@ -106,8 +106,10 @@ class SubscriptionHub:
         *,
         from_oldest: bool = False,
         relay: bool = False,
+        until_seq: int = 0,
     ) -> AsyncIterator[EventRecord]:
-        """Events after ``after_seq`` that pass the filter: first from the log, then live.
+        """Events after ``after_seq`` that pass the filter: first from the log, then live
+        (``until_seq``: up to that event of the log, and no further).
 
         ``after_seq`` 0 starts at the oldest event the log retains, as does any older
         resume point with ``from_oldest``; otherwise a resume point whose next events
@@ -130,6 +132,9 @@ class SubscriptionHub:
             horizon = self.published_seq
             if after_seq > horizon:
                 await self._check_end(after_seq, horizon)
+            if until_seq:
+                _check_until(until_seq, horizon)
+                horizon = until_seq
             while last < horizon:
                 chunk = await self._read_after(last, self._replay_chunk)
                 chunk = [e for e in chunk if e.seq <= horizon]
@@ -144,7 +149,7 @@ class SubscriptionHub:
                         yield event
                     last = event.seq
             last = max(last, horizon)
-            while True:
+            while not until_seq:
                 event = await self._next(subscriber, last)
                 if event.seq > last:
                     last = event.seq
@@ -201,6 +206,16 @@ class SubscriptionHub:
         for subscriber in self._subscribers:
             subscriber.closed = True
             subscriber.wake.set()
+
+
+def _check_until(until_seq: int, last: int) -> None:
+    """Refuse an end past the log's last sequence (nothing is known of it yet)."""
+    if until_seq > last:
+        raise OutOfRangeError(
+            f"until_seq={until_seq} is beyond the end of the event log: its last sequence "
+            f"is {last}",
+            ((LOG_LAST_SEQ_KEY, str(last)),),
+        )
 
 
 def _pruned(last: int, oldest: int) -> OutOfRangeError:

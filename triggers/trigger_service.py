@@ -141,7 +141,7 @@ class EventSource(Protocol):
     """Where ``Subscribe`` reads events: a hub's ``subscribe``."""
 
     def subscribe(
-        self, wanted: EventFilter, after_seq: int, *, from_oldest: bool = False
+        self, wanted: EventFilter, after_seq: int, *, from_oldest: bool = False, until_seq: int = 0
     ) -> AsyncIterator[EventRecord]: ...
 
     async def last_seq(self) -> int:
@@ -441,7 +441,10 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
                 last = await source.last_seq()
                 yield tpb.SubscribeResponse(start_seq=last)
             events = source.subscribe(
-                wanted, last, from_oldest=request.from_oldest_retained and not request.from_now
+                wanted,
+                last,
+                from_oldest=request.from_oldest_retained and not request.from_now,
+                until_seq=request.until_seq,
             )
             async for event in events:
                 yield tpb.SubscribeResponse(event=event_message(event))

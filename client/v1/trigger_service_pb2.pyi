@@ -665,6 +665,7 @@ class SubscribeRequest(_message.Message):
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     FROM_OLDEST_RETAINED_FIELD_NUMBER: _builtins.int
     FROM_NOW_FIELD_NUMBER: _builtins.int
+    UNTIL_SEQ_FIELD_NUMBER: _builtins.int
     after_seq: _builtins.int
     """Stream events numbered above this. 0 means from the oldest event the log
     still retains, whatever retention dropped before it (never OUT_OF_RANGE for
@@ -678,6 +679,12 @@ class SubscribeRequest(_message.Message):
     from_now: _builtins.bool
     """Stream only what is logged from now on (after_seq and from_oldest_retained are
     then ignored): the first response carries no event, only start_seq.
+    """
+    until_seq: _builtins.int
+    """End the stream (OK) once every event up to this sequence was delivered: with
+    after_seq, a window of the log's history (the last sequence is ServerStatus's
+    last_seq, or a from_now stream's start_seq). 0 means no end; a sequence past the
+    log's last is OUT_OF_RANGE.
     """
     @_builtins.property
     def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -694,10 +701,11 @@ class SubscribeRequest(_message.Message):
         after_seq: _builtins.int = ...,
         from_oldest_retained: _builtins.bool = ...,
         from_now: _builtins.bool = ...,
+        until_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "channels", b"channels", "from_now", b"from_now", "from_oldest_retained", b"from_oldest_retained", "kinds", b"kinds", "trigger_ids", b"trigger_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "channels", b"channels", "from_now", b"from_now", "from_oldest_retained", b"from_oldest_retained", "kinds", b"kinds", "trigger_ids", b"trigger_ids", "until_seq", b"until_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

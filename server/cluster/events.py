@@ -192,10 +192,11 @@ class ClusterEvents:
         return (await self._bounds())[1]
 
     async def subscribe(
-        self, wanted: _Filter, after_seq: int, *, from_oldest: bool = False
+        self, wanted: _Filter, after_seq: int, *, from_oldest: bool = False, until_seq: int = 0
     ) -> AsyncIterator[EventRecord]:
         """The events after ``after_seq`` (numbered by the stream) that ``wanted`` keeps:
-        first those the stream holds, then live ones.
+        first those the stream holds, then live ones (``until_seq``: up to that event of
+        the stream, and no further).
 
         Raises:
             OutOfRangeError: ``after_seq`` is past the stream's last event, or events
@@ -209,6 +210,12 @@ class ClusterEvents:
                 f"sequence is {last}; resume with after_seq={last} or less",
                 ((LOG_LAST_SEQ_KEY, str(last)),),
             )
+        if until_seq > last:
+            raise OutOfRangeError(
+                f"until_seq={until_seq} is beyond the end of the event log: its last "
+                f"sequence is {last}",
+                ((LOG_LAST_SEQ_KEY, str(last)),),
+            )
         if after_seq and after_seq + 1 < first and not from_oldest:
             raise OutOfRangeError(
                 f"events after seq {after_seq} are no longer retained: the oldest retained "
@@ -217,6 +224,8 @@ class ClusterEvents:
                 "continue from it",
                 ((LOG_OLDEST_SEQ_KEY, str(first)),),
             )
+        if until_seq and (until_seq <= after_seq or until_seq < first):
+            return  # nothing (retained) up to it
         queue: asyncio.Queue[Any] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -247,6 +256,8 @@ class ClusterEvents:
                 event = EventRecord.from_json(message.data).with_seq(seen)
                 if wanted.wants(event):
                     yield event
+                if until_seq and seen >= until_seq:
+                    return
         finally:
             self.subscribers -= 1
             await self._nats.call(subscription.unsubscribe())
