@@ -13,7 +13,6 @@ import os
 import secrets
 import stat
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Literal, TextIO
 import grpc
 from google.protobuf.message import Message
 
-from calor.client._progress import Progress
+from calor.client._progress import Progress, following
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, export_total
 from calor.client.client import CalorClient
 from calor.client.errors import CalorClientError, InvalidArgumentError
@@ -31,7 +30,6 @@ from calor.v1 import memory_service_pb2
 __all__ = ["add_transfer_commands"]
 
 _Handler = Callable[[CalorClient, argparse.Namespace], tuple[Message, str] | None]
-_POLL_SECONDS = 0.2  # how often an import's bar asks the server how far it has come
 
 
 def _export(client: CalorClient, args: argparse.Namespace) -> None:
@@ -68,7 +66,7 @@ def _import(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str
     name = "stdin" if args.file == "-" else args.file
     token = secrets.token_urlsafe(12)
     with _input(args.file) as stream, Progress(label="import") as bar:
-        with _following(client, token, bar):
+        with following(bar, _write_progress(client, token)):
             ids = client.import_markdown(
                 _blocks(stream, name, args.chunk_chars),
                 chunk_chars=args.chunk_chars,
@@ -80,30 +78,18 @@ def _import(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str
     return response, f"imported {len(ids)} {_memories(len(ids))}"
 
 
-@contextmanager
-def _following(client: CalorClient, token: str, bar: Progress) -> Iterator[None]:
-    """While the block runs, show on ``bar`` what the server says of the write under
-    ``token`` (polled a few times a second); nothing when the bar is not drawn."""
-    if not bar.enabled:
-        yield
-        return
-    stop = threading.Event()
+def _write_progress(client: CalorClient, token: str) -> Callable[[], tuple[int, int, str] | None]:
+    """How far the server says the write under ``token`` has come: embedded of the
+    items it holds (of those received while the stream runs), and its phase."""
 
-    def follow() -> None:
-        while not stop.wait(_POLL_SECONDS):
-            try:
-                progress = client.progress(token)
-            except CalorClientError:  # not started yet, or a server without Progress
-                continue
-            bar.show(progress.embedded, progress.total or progress.received, progress.phase)
+    def read() -> tuple[int, int, str] | None:
+        try:
+            progress = client.progress(token)
+        except CalorClientError:  # not started yet, or a server without Progress
+            return None
+        return progress.embedded, progress.total or progress.received, progress.phase
 
-    poller = threading.Thread(target=follow, name="calor-import-progress", daemon=True)
-    poller.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        poller.join()
+    return read
 
 
 def _memories(count: int) -> str:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "following"]
+
+_POLL_SECONDS = 0.2  # how often a bar asks how far the server has come
 
 
 class Progress:
@@ -34,6 +37,8 @@ class Progress:
         interval: The least time, in seconds, between two redraws.
         width: The bar's width in characters.
         clock: Seconds from a monotonic clock; tests pass a fake one.
+        steps: The count is of steps of unequal length: the time taken is shown, not a
+            rate or the time left.
     """
 
     def __init__(
@@ -46,12 +51,14 @@ class Progress:
         interval: float = 0.1,
         width: int = 24,
         clock: Callable[[], float] = time.monotonic,
+        steps: bool = False,
     ) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self._force = force
         self._interval = interval
         self._width = width
         self._clock = clock
+        self._steps = steps
         self.label = label
         self.total = total
         self.count = 0
@@ -127,6 +134,9 @@ class Progress:
             parts.append("[" + "#" * filled + "." * (self._width - filled) + "]")
             parts.append(f"{self.count:,}/{self.total:,}")
             parts.append(f"{done:4.0%}")
+        if self._steps:
+            parts.append(_clock_time(elapsed))
+            return "  ".join(parts)
         parts.append(f"{rate:,.1f}/s" if rate < 100 else f"{rate:,.0f}/s")
         if self.total is not None and 0 < self.count < self.total and rate > 0:
             parts.append("eta " + _clock_time((self.total - self.count) / rate))
@@ -153,3 +163,28 @@ def _clock_time(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+@contextmanager
+def following(bar: Progress, read: Callable[[], tuple[int, int, str] | None]) -> Iterator[None]:
+    """While the block runs, show on ``bar`` what ``read`` says of work another party
+    does (count, total and phase; None while it cannot tell), polled a few times a
+    second on a thread of its own; nothing when the bar is not drawn."""
+    if not bar.enabled:
+        yield
+        return
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.wait(_POLL_SECONDS):
+            shown = read()
+            if shown is not None:
+                bar.show(*shown)
+
+    poller = threading.Thread(target=follow, name="calor-progress", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()

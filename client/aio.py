@@ -338,9 +338,13 @@ class AsyncCalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             return await self._stub.EntityCard(request, timeout=self.timeout)
 
-    async def dream(self, *, channel: str | None = None) -> memory_service_pb2.DreamResponse:
+    async def dream(
+        self, *, channel: str | None = None, progress_token: str = ""
+    ) -> memory_service_pb2.DreamResponse:
         """Consolidate a channel now; see :meth:`CalorClient.dream`."""
-        request = memory_service_pb2.DreamRequest(channel=self._in(channel))
+        request = memory_service_pb2.DreamRequest(
+            channel=self._in(channel), progress_token=progress_token
+        )
         with translate_rpc_errors():
             return await self._stub.Dream(request, timeout=self.timeout)
 

@@ -48,6 +48,7 @@ from calor.client._credentials import (
     TARGET_ENV,
 )
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES
+from calor.client._progress import Progress
 from calor.client._subscription import Backoff
 from calor.client.client import CalorClient
 from calor.client.errors import CalorClientError, InvalidArgumentError
@@ -296,7 +297,14 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     try:
         checker = Checker(store, embedder.embed_passages)
-        problems = checker.run(fix=args.fix)
+        steps = len(Checker.STEPS) + (1 if args.fix else 0)
+        with Progress(steps, label="check", steps=True) as bar:
+
+            def begin(step: str) -> None:
+                bar.show(bar.count + 1, steps, step)
+
+            problems = checker.run(fix=args.fix, on_step=begin)
+            bar.show(steps, steps, "done")
     finally:
         store.close()
     if not problems:

@@ -504,14 +504,21 @@ class CalorClient(SettingsCalls, TriggerCalls):
         with translate_rpc_errors():
             return self._stub.EntityCard(request, timeout=self.timeout)
 
-    def dream(self, *, channel: str | None = None) -> memory_service_pb2.DreamResponse:
+    def dream(
+        self, *, channel: str | None = None, progress_token: str = ""
+    ) -> memory_service_pb2.DreamResponse:
         """Consolidate a channel now: migrate, merge, promote, prune, archive.
+
+        With a ``progress_token``, :meth:`progress` tells the step under way while it runs
+        (``step`` of ``steps``, named by ``phase``).
 
         Returns:
             The dream report: how many memories each step changed, the channel's
             heat before and after, and how long it took.
         """
-        request = memory_service_pb2.DreamRequest(channel=self._in(channel))
+        request = memory_service_pb2.DreamRequest(
+            channel=self._in(channel), progress_token=progress_token
+        )
         with translate_rpc_errors():
             return self._stub.Dream(request, timeout=self.timeout)
 

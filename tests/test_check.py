@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -19,6 +20,8 @@ import numpy as np
 import pytest
 import rocksdict
 
+from calor.client import _progress
+from calor.client.cli import main
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
 from calor.server.commands import NewMemory, RecallQuery, UpdateChange
@@ -426,6 +429,24 @@ def test_the_command_on_a_consistent_store(tmp_path: Path, seeded: list[str]) ->
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("consistent: 3 memories, ")
     assert done.stdout.rstrip().endswith(" 3 events checked")
+
+
+def test_the_command_draws_its_steps_on_a_terminal(
+    tmp_path: Path,
+    seeded: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_progress, "_is_terminal", lambda stream: True)
+    assert main(["check", "--data-dir", str(tmp_path), "--fix"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("consistent: 3 memories, ")
+    lines = [line.strip() for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    steps = len(Checker.STEPS) + 1  # and the repair
+    drawn = [re.match(r"check \((.*?)\)  \[[#.]+\]  (\d+)/", line) for line in lines[1:]]
+    phases = list(dict.fromkeys((m.group(1), int(m.group(2))) for m in drawn if m))
+    assert phases == [*zip([*Checker.STEPS, "repairing", "done"], [*range(1, steps + 1), steps])]
+    assert lines[-1].startswith(f"check (done)  [{'#' * 24}]  {steps}/{steps}  100%")
 
 
 def test_the_command_lists_problems_and_fixes_them(tmp_path: Path, seeded: list[str]) -> None:

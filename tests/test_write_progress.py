@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from calor.client import CalorClient, InvalidArgumentError, NotFoundError, _progress
+from calor.server.engine.dream import DREAM_STEPS
 from calor.v1 import memory_service_pb2 as pb
 from tests.helpers import Run
 
@@ -95,6 +96,39 @@ def test_piped_calor_import_draws_nothing(calor: Run, tmp_path: Path) -> None:
     notes.write_text(_notes(50), encoding="utf-8")
     status, _, err = calor("import", str(notes))
     assert (status, err) == (0, "")
+
+
+def test_a_dream_tells_the_step_under_way(client: CalorClient) -> None:
+    client.store_many(
+        [f"Reading {n} from the hallway sensor: {20 + n % 7} degrees." for n in range(200)]
+    )
+    seen: list[pb.ProgressResponse] = []
+    stop = _watch(client, "dream-1", seen)
+    client.dream(progress_token="dream-1")
+    stop.set()
+    final = client.progress("dream-1")
+    assert (final.phase, final.step, final.steps) == ("done", len(DREAM_STEPS), len(DREAM_STEPS))
+    assert {p.phase for p in seen} <= {"waiting", "done", *DREAM_STEPS}
+    steps = [p.step for p in seen]
+    assert steps == sorted(steps)
+    for progress in seen:  # a step's name goes with its number
+        if progress.phase in DREAM_STEPS:
+            assert DREAM_STEPS.index(progress.phase) + 1 == progress.step
+
+
+def test_calor_dream_draws_its_steps_on_a_terminal_only(
+    calor: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert calor("store", "The boiler was serviced in March.")[0] == 0
+    status, out, err = calor("dream")
+    assert status == 0 and out.startswith("migrated ") and err == ""
+    monkeypatch.setattr(_progress, "_is_terminal", lambda stream: True)
+    status, out, err = calor("dream")
+    assert status == 0 and out.startswith("migrated ")
+    last = err.replace("\r", "\n").strip().splitlines()[-1].strip()
+    steps = len(DREAM_STEPS)
+    assert last.startswith(f"dream (done)  [{'#' * 24}]  {steps}/{steps}  100%  0:0")
+    assert "/s" not in last  # steps take unequal times: no rate, no time left
 
 
 def test_a_bar_shows_what_another_thread_counts() -> None:

@@ -1149,15 +1149,21 @@ class DreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANNEL_FIELD_NUMBER: _builtins.int
+    PROGRESS_TOKEN_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
+    progress_token: _builtins.str
+    """Count this dream's steps under this token (1-64 of A-Z a-z 0-9 _-), for
+    Progress(channel, token) while it runs.
+    """
     def __init__(
         self,
         *,
         channel: _builtins.str = ...,
+        progress_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "progress_token", b"progress_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1947,8 +1953,8 @@ Global___ProgressRequest: _TypeAlias = ProgressRequest  # noqa: Y015
 
 @_typing.final
 class ProgressResponse(_message.Message):
-    """A StoreStream's or Import's progress; NOT_FOUND for a token no call of the channel
-    named lately (a finished call is kept a few minutes).
+    """A StoreStream's, Import's or Dream's progress; NOT_FOUND for a token no call of the
+    channel named lately (a finished call is kept a few minutes).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1958,6 +1964,8 @@ class ProgressResponse(_message.Message):
     STORED_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
     PHASE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     received: _builtins.int
     """Items read from the stream so far (memories, for an import)."""
     embedded: _builtins.int
@@ -1967,7 +1975,13 @@ class ProgressResponse(_message.Message):
     total: _builtins.int
     """How many items the call holds: 0 until the stream has ended."""
     phase: _builtins.str
-    """"receiving", "embedding", "storing", "done" or "failed"."""
+    """"receiving", "embedding", "storing", "done" or "failed"; for a dream, the step under
+    way ("materialising", "pairing", "conflicts", "merging", "promoting",
+    "reclassifying", "summarising", "archiving"), then "done" or "failed".
+    """
+    step: _builtins.int
+    """A dream's steps begun so far, and how many it takes (0 for a write)."""
+    steps: _builtins.int
     def __init__(
         self,
         *,
@@ -1976,10 +1990,12 @@ class ProgressResponse(_message.Message):
         stored: _builtins.int = ...,
         total: _builtins.int = ...,
         phase: _builtins.str = ...,
+        step: _builtins.int = ...,
+        steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embedded", b"embedded", "phase", b"phase", "received", b"received", "stored", b"stored", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embedded", b"embedded", "phase", b"phase", "received", b"received", "step", b"step", "steps", b"steps", "stored", b"stored", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

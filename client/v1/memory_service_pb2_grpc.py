@@ -318,8 +318,8 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Progress(self, request, context):
-        """How far a StoreStream or Import that named a progress_token has come: its items
-        received, embedded and stored (write on the channel).
+        """How far a StoreStream, Import or Dream that named a progress_token has come: its
+        items received, embedded and stored, or a dream's step (write on the channel).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

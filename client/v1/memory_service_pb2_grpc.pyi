@@ -82,8 +82,8 @@ class MemoryServiceStub:
     the text of its events and trigger history, leaving no trace on disk (admin).
     """
     Progress: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ProgressRequest, _memory_service_pb2.ProgressResponse]
-    """How far a StoreStream or Import that named a progress_token has come: its items
-    received, embedded and stored (write on the channel).
+    """How far a StoreStream, Import or Dream that named a progress_token has come: its
+    items received, embedded and stored, or a dream's step (write on the channel).
     """
     ListChannels: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListChannelsRequest, _memory_service_pb2.ListChannelsResponse]
     """The channels the caller's key may read that hold anything, in name order."""
@@ -142,8 +142,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     the text of its events and trigger history, leaving no trace on disk (admin).
     """
     Progress: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ProgressRequest, _memory_service_pb2.ProgressResponse]  # type: ignore[assignment]
-    """How far a StoreStream or Import that named a progress_token has come: its items
-    received, embedded and stored (write on the channel).
+    """How far a StoreStream, Import or Dream that named a progress_token has come: its
+    items received, embedded and stored, or a dream's step (write on the channel).
     """
     ListChannels: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListChannelsRequest, _memory_service_pb2.ListChannelsResponse]  # type: ignore[assignment]
     """The channels the caller's key may read that hold anything, in name order."""
@@ -337,8 +337,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.ProgressRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.ProgressResponse, _abc.Awaitable[_memory_service_pb2.ProgressResponse]]:
-        """How far a StoreStream or Import that named a progress_token has come: its items
-        received, embedded and stored (write on the channel).
+        """How far a StoreStream, Import or Dream that named a progress_token has come: its
+        items received, embedded and stored, or a dream's step (write on the channel).
         """
 
     @_abc_1.abstractmethod

@@ -38,6 +38,7 @@ from calor.server.api.settings import settings_message
 from calor.server.api.wire import decode_page_token, encode_page_token
 from calor.server.commands import ListQuery, NewMemory
 from calor.server.embedding import BatchEmbedding
+from calor.server.engine.dream import DREAM_STEPS
 from calor.server.engine.feedback import feedback_summary
 from calor.server.engine.recall_log import ForeignHit
 from calor.server.engine.results import Current, Stored
@@ -374,7 +375,14 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     @rpc_errors
     async def Dream(self, request: pb.DreamRequest, context: _Context) -> pb.DreamResponse:
         channel = self._rt.validator.channel(request.channel)
-        report = await self._rt.run(self._rt.engine.dream, channel)
+        progress = WriteProgress(phase="waiting", steps=len(DREAM_STEPS))
+        self._progress.track(channel, progress_token(request.progress_token), progress)
+        try:
+            report = await self._rt.run(self._rt.engine.dream, channel, False, progress.begin)
+        except BaseException:
+            progress.end("failed")
+            raise
+        progress.end("done")
         return dream_message(report)
 
     @rpc_errors
@@ -557,6 +565,8 @@ def _progress_message(progress: WriteProgress) -> pb.ProgressResponse:
         stored=progress.stored,
         total=progress.total,
         phase=progress.phase,
+        step=progress.step,
+        steps=progress.steps,
     )
 
 

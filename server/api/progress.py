@@ -1,5 +1,6 @@
 """How far each long write has come: a StoreStream or Import that names a progress token
-counts its items received, embedded and stored here, and ``Progress`` reads the counts.
+counts its items received, embedded and stored here, a Dream its steps, and ``Progress``
+reads the counts.
 
 The counts live in memory only (a call that dies with the server has no progress to
 show) and are kept a few minutes after the call ends, so a poller sees how it ended.
@@ -40,11 +41,18 @@ class WriteProgress:
     stored: int = 0
     total: int = 0
     phase: str = "receiving"
+    step: int = 0
+    steps: int = 0
     ended_at: float | None = None
 
     def end(self, phase: str, now: float | None = None) -> None:
         """The call is over: ``done`` or ``failed``."""
         self.phase, self.ended_at = phase, time.monotonic() if now is None else now
+
+    def begin(self, step: str) -> None:
+        """A dream begins its next step, ``step`` (from the dream's worker thread: each
+        field is set whole, and a reader sees one step or the next)."""
+        self.step, self.phase = self.step + 1, step
 
     def embedded_more(self, count: int) -> None:
         """The model has embedded ``count`` more of the call's items."""

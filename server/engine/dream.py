@@ -32,7 +32,20 @@ from calor.server.storage.store import MemoryStore
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
 from calor.server.thermo.policy import ChannelPolicy, DreamThresholds
 
-__all__ = ["DreamReport", "Dreamer", "keep_apart"]
+__all__ = ["DREAM_STEPS", "DreamReport", "Dreamer", "keep_apart"]
+
+DREAM_STEPS = (
+    "materialising",
+    "pairing",
+    "conflicts",
+    "merging",
+    "promoting",
+    "reclassifying",
+    "summarising",
+    "archiving",
+)
+"""A dream's steps, in the order it takes them (a consolidation sweep skips
+reclassifying and summarising)."""
 
 # Every threshold of a dream is the channel's setting: ``ChannelPolicy.dreams``.
 _NEIGHBOURS = 16
@@ -95,13 +108,20 @@ class Dreamer:
         self.embed: Embed | None = None
         """The model, for the sentences and texts of episode summaries."""
 
-    def dream(self, channel: Channel, cold_only: bool = False) -> DreamReport:
+    def dream(
+        self,
+        channel: Channel,
+        cold_only: bool = False,
+        on_step: Callable[[str], None] = lambda step: None,
+    ) -> DreamReport:
         """Dream once over the channel (or, for a consolidation sweep, its cold memories).
 
         Each step holds the channel's lock only while it reads or writes the channel;
         the similarity search runs on a snapshot, so stores and recalls go on meanwhile.
+        ``on_step`` hears the name of each step (:data:`DREAM_STEPS`) as it begins.
         """
         started = time.perf_counter()
+        on_step("materialising")
         with channel.lock:
             policy, clocks = channel.policy, channel.clocks()
             report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
@@ -109,7 +129,9 @@ class Dreamer:
             scope = self._scope(channel, cold_only)
             snapshot = [(i, v) for i in scope if (v := channel.index.vector(i)) is not None]
         least = min(policy.dreams.conflict_similarity, policy.dreams.merge_similarity)
+        on_step("pairing")
         pairs = _close_pairs(snapshot, least)
+        on_step("conflicts")
         with channel.lock:
             pairs = {p: s for p, s in pairs.items() if all(_live(channel, i) for i in p)}
             contradicting = self._contradictions(channel, pairs, policy)
@@ -119,18 +141,23 @@ class Dreamer:
             report.conflicts_unopened = len(contradicting) - len(opened)
             disputed = {(a, b) for a, b, _ in contradicting}
             clusters = self._clusters(channel, pairs, disputed, policy, clocks)
+        on_step("merging")
         for cluster in clusters:
             with channel.lock:
                 if all(_live(channel, i) for i in cluster):
                     self._absorb(channel, cluster[0], cluster[1:], policy, clocks)
                     report.merged += len(cluster) - 1
                     report.merged_ids.extend(cluster[1:])
+        on_step("promoting")
         with channel.lock:
             report.keystoned, report.promoted = self._promote(channel, policy, clocks, scope)
         if not cold_only:
+            on_step("reclassifying")
             report.reclassified = self._reclassify(channel, clocks)
+            on_step("summarising")
             report.summary_ids = self._summarise(channel, policy, clocks)
             report.summarised = len(report.summary_ids)
+        on_step("archiving")
         with channel.lock:
             report.echoed, report.pruned = self._ghosts(channel, policy, clocks)
             report.archived_ids = self._archive(channel, policy, clocks)

@@ -744,8 +744,14 @@ class MemoryEngine:
 
     # --- dreams ----------------------------------------------------------------
 
-    def dream(self, channel: str, cold_only: bool = False) -> DreamReport:
-        """Consolidate a channel now (one dream per channel at a time).
+    def dream(
+        self,
+        channel: str,
+        cold_only: bool = False,
+        on_step: Callable[[str], None] = lambda step: None,
+    ) -> DreamReport:
+        """Consolidate a channel now (one dream per channel at a time); ``on_step``
+        hears each step's name as it begins (``DREAM_STEPS``).
 
         A channel never written to has nothing to consolidate: its report is all
         zeros, and nothing is written (no channel record, no dream event).
@@ -754,7 +760,7 @@ class MemoryEngine:
         if live is None:
             return DreamReport()
         with live.dream_lock:
-            report = self._dreamer.dream(live, cold_only)
+            report = self._dreamer.dream(live, cold_only, on_step)
         self.dreamt(report, cold_only)
         return report
 

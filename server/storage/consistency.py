@@ -141,19 +141,31 @@ class Checker:
         self._states: dict[_MemoryKey, str] = {}
         self._found: list[_Finding] = []
 
-    def run(self, fix: bool = False) -> list[Problem]:
+    STEPS = ("memories", "vectors", "edges", "conflicts", "idempotency keys", "heats", "log")
+    """What a check reads, in order (a fix then repairs: ``"repairing"``)."""
+
+    def run(
+        self, fix: bool = False, on_step: Callable[[str], None] = lambda step: None
+    ) -> list[Problem]:
         """The problems found, in key-family order; with ``fix``, every one that can be
-        repaired is, in one atomic commit, and reported as fixed."""
+        repaired is, in one atomic commit, and reported as fixed. ``on_step`` hears the
+        name of each step (:attr:`STEPS`, then ``"repairing"``) as it begins."""
         self._found = []
         self.tally = Tally()
-        self._read_memories()
-        self._check_vectors()
-        self._check_edges()
-        self._check_conflicts()
-        self._check_idempotency_keys()
-        self._check_heats()
-        self._check_log()
+        steps = (
+            self._read_memories,
+            self._check_vectors,
+            self._check_edges,
+            self._check_conflicts,
+            self._check_idempotency_keys,
+            self._check_heats,
+            self._check_log,
+        )
+        for name, step in zip(self.STEPS, steps, strict=True):
+            on_step(name)
+            step()
         if fix:
+            on_step("repairing")
             self._repair()
         return [finding.problem for finding in self._found]
 
