@@ -445,7 +445,8 @@ def test_the_command_draws_its_steps_on_a_terminal(
     steps = len(Checker.STEPS) + 1  # and the repair
     drawn = [re.match(r"check \((.*?)\)  \[[#.]+\]  (\d+)/", line) for line in lines[1:]]
     phases = list(dict.fromkeys((m.group(1), int(m.group(2))) for m in drawn if m))
-    assert phases == [*zip([*Checker.STEPS, "repairing", "done"], [*range(1, steps + 1), steps])]
+    names = [*Checker.STEPS, "repairing", "done"]
+    assert phases == list(zip(names, [*range(1, steps + 1), steps], strict=True))
     assert lines[-1].startswith(f"check (done)  [{'#' * 24}]  {steps}/{steps}  100%")
 
 
