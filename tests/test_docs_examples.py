@@ -1,20 +1,26 @@
-"""The guides' Python examples run as written against a real server (issue 35): every
-```python block of ``docs/*.md``, in a fresh interpreter, with ``localhost:50051`` meaning
-the test server. A block marked ```python fragment is a piece of a larger program and is
-left out."""
+"""The guides' examples hold (issue 35): every ```python block of ``docs/*.md`` runs as
+written against a real server, in a fresh interpreter, with ``localhost:50051`` meaning
+the test server (a block marked ```python fragment is a piece of a larger program and is
+left out); every ``calor`` command line of a shell block in the guides and the README is
+one the CLI accepts, its verbs and flags as written."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+from calor.client import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+SHELL = re.compile(r"^```sh\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
 EXPECTED = {
     "frameworks.md#1": "Ana is vegetarian.",
     "frameworks.md#2": "The staging database is restored every Sunday night.",
@@ -49,3 +55,34 @@ def test_a_guide_example_runs_as_written(
     assert done.stdout.strip(), f"{name} printed nothing"
     if name in EXPECTED:
         assert EXPECTED[name] in done.stdout, done.stdout
+
+
+def _command_lines() -> list[tuple[str, list[str]]]:
+    """Every ``calor`` command of the guides' and the README's shell blocks: where it is
+    written and its arguments (environment assignments and comments left out)."""
+    found = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for block in SHELL.findall(page.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line.removeprefix("$ "), comments=True)
+                while words and re.match(r"^[A-Z_]+=", words[0]):
+                    words = words[1:]
+                for start, word in enumerate(words):  # `make serve && calor ...` too
+                    if word in ("calor", ".venv/bin/calor") and (
+                        start == 0 or words[start - 1] == "&&"
+                    ):
+                        end = words.index("&&", start) if "&&" in words[start:] else len(words)
+                        found.append((f"{page.name}: {line.strip()[:60]}", words[start + 1 : end]))
+    return found
+
+
+def test_the_guides_show_calor_commands() -> None:
+    assert len(_command_lines()) >= 40
+
+
+@pytest.mark.parametrize(("where", "argv"), _command_lines(), ids=[w for w, _ in _command_lines()])
+def test_a_documented_command_is_one_the_cli_accepts(where: str, argv: list[str]) -> None:
+    try:
+        cli._parser().parse_args(argv)
+    except SystemExit as stop:  # a usage error
+        pytest.fail(f"{where}: `calor {shlex.join(argv)}` is refused (exit {stop.code})")
