@@ -128,9 +128,10 @@ def _dream(client: CalorClient, args: argparse.Namespace) -> _Output:
             return None
         return progress.step, progress.steps, progress.phase
 
-    with Progress(label="dream", steps=True) as bar, following(bar, read):
-        report = client.dream(progress_token=token)
-        if bar.enabled:
+    with Progress(label="dream", steps=True) as bar:
+        with following(bar, read):
+            report = client.dream(progress_token=token)
+        if bar.enabled:  # the poller has stopped: nothing older is drawn over this
             bar.show(*(read() or (bar.count, bar.total or 0, "done")))
     return report, _render.dreamed(report)
 
