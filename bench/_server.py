@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -32,15 +32,16 @@ def calor_command() -> str:
 class Server:
     """``calor serve`` as a subprocess on a free port with a fresh data dir."""
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        """Start it; ``env`` (if given) is the server's whole environment."""
+    def __init__(self, env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> None:
+        """Start it; ``env`` (if given) is the server's whole environment, ``args`` more
+        options of ``calor serve``."""
         self.workdir = Path(tempfile.mkdtemp(prefix="calor-bench-"))
         self.data_dir = self.workdir / "data"
         self.port = free_port()
         self.log_path = self.workdir / "server.log"
         self._log = self.log_path.open("wb")
         command = [calor_command(), "serve", "--data-dir", str(self.data_dir)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), *args]
         self.process = subprocess.Popen(
             command,
             stdout=self._log,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from calor.models.embedder import Embedder, ModelError, OnnxEmbedder
+from calor.server import stages
 from calor.server.errors import ModelUnavailableError
 
 __all__ = ["BatchEmbedding", "EmbeddingQueue", "IngestLane"]
@@ -35,6 +36,13 @@ _FIRST_CHUNK_CHARS = 1_500
 _SMOOTHING = 0.3
 # How many recent queries' vectors are kept (384 float32 each: 1.5 KB).
 QUERY_CACHE = 1_024
+
+
+def _timed(embed: Callable[[list[str]], np.ndarray], texts: list[str]) -> tuple[np.ndarray, float]:
+    """The model's vectors for ``texts`` and the seconds it took (on the model's thread)."""
+    began = time.perf_counter()
+    vectors = embed(texts)
+    return vectors, time.perf_counter() - began
 
 
 @dataclass(eq=False)
@@ -52,6 +60,12 @@ class _Job:
     vectors: np.ndarray | None = None
     next: int = 0  # the first text not yet handed to the model
     remaining: int = 0  # texts whose vectors have not come back yet
+    # When it was queued, when the model began its (last) run, how long the model ran,
+    # and when its vectors were handed over (time.perf_counter): where a query waited.
+    queued_at: float = field(default_factory=time.perf_counter, repr=False)
+    began_at: float = 0.0
+    model_seconds: float = 0.0
+    delivered_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.rows = sorted(range(len(self.texts)), key=lambda row: len(self.texts[row]))
@@ -140,6 +154,10 @@ class EmbeddingQueue:
         assert self._query_ready is not None
         self._query_ready.set()
         vectors = await job.future
+        stages.record("embedding queue", job.began_at - job.queued_at)
+        stages.record("model", job.model_seconds)
+        ran = job.delivered_at - job.began_at - job.model_seconds
+        stages.record("embedding hand-off", ran + time.perf_counter() - job.delivered_at)
         vector = np.asarray(vectors[0], dtype=np.float32)
         vector.flags.writeable = False
         if self._cache_size > 0:
@@ -243,13 +261,17 @@ class EmbeddingQueue:
         embed = self.embedder.embed_queries if query else self.embedder.embed_passages
         started = time.perf_counter()
         try:
-            vectors = await loop.run_in_executor(thread, embed, texts)
+            vectors, model_seconds = await loop.run_in_executor(thread, _timed, embed, texts)
         except Exception as exc:  # handed to every waiting caller, not swallowed
             for piece in chunk:
                 if not piece.job.abandoned:
                     piece.job.future.set_exception(exc)
             return
-        seconds = time.perf_counter() - started
+        done = time.perf_counter()
+        seconds = done - started
+        for piece in chunk:
+            piece.job.began_at, piece.job.model_seconds = started, model_seconds
+            piece.job.delivered_at = done
         self.embedded("query" if query else "passage", len(texts), seconds)
         if not query:
             self._measured(seconds, sum(len(t) for t in texts))

@@ -54,6 +54,7 @@ _OPERATION_SECONDS = (
     40.96,
     81.92,
 )
+_STAGE_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _RECORD_COUNTS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 20000)
 _SIMILARITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -225,6 +226,15 @@ class Metrics:
             registry=self.registry,
             buckets=_BATCH_SIZES,
         )
+        self.stage_seconds = Histogram(
+            "calor_rpc_stage_seconds",
+            "Seconds a call spent in each stage of its work (validation, embedding queue, "
+            "model, executor wait, dense search, lexical search, fusion and scoring, heat "
+            "effects, commit, reply, ...), by method; calls that ended OK only.",
+            ["rpc_method", "stage"],
+            registry=self.registry,
+            buckets=_STAGE_SECONDS,
+        )
         self.dreams = Histogram(
             "calor_dream_duration_seconds",
             "Duration of dreams, by scope (channel: a whole dream; cold: a consolidation "
@@ -249,6 +259,11 @@ class Metrics:
     def record_count(self, operation: str, count: int) -> None:
         """How many memory records one operation returned, created or deleted."""
         self.records.labels(operation).observe(count)
+
+    def stages(self, method: str, seconds: Mapping[str, float]) -> None:
+        """The seconds one call spent in each of its stages."""
+        for stage, spent in seconds.items():
+            self.stage_seconds.labels(method, stage).observe(spent)
 
     def recall(self, top_similarity: float) -> None:
         """A recall's best similarity among its hits."""

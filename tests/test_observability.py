@@ -148,6 +148,64 @@ def test_per_rpc_histograms_move_when_requests_are_made(
     assert value(after, "process_resident_memory_bytes") > 0
 
 
+PEEK_STAGES = {
+    "validation",
+    "embedding queue",
+    "model",
+    "embedding hand-off",
+    "executor wait",
+    "lexical search",
+    "dense search",
+    "fusion and scoring",
+    "executor hand-off",
+    "reply",
+}
+
+
+def test_a_recall_reports_where_its_time_went_stage_by_stage(
+    observed: ServerThread, stub: MemoryServiceStub
+) -> None:
+    port = observed.server.metrics_port
+    stub.Store(pb.StoreRequest(channel="stages", text="The backup job runs at two every night."))
+
+    def stages(samples: Samples) -> dict[str, tuple[float, float]]:
+        """Each stage of Recall's: (calls that went through it, seconds in all)."""
+        counted: dict[str, tuple[float, float]] = {}
+        for (name, labels), number in samples.items():
+            tags = dict(labels)
+            if name.startswith("calor_rpc_stage_seconds_") and tags["rpc_method"] == RECALL:
+                calls_seen, seconds = counted.get(tags["stage"], (0.0, 0.0))
+                if name.endswith("_count"):
+                    calls_seen += number
+                elif name.endswith("_sum"):
+                    seconds += number
+                counted[tags["stage"]] = (calls_seen, seconds)
+        return counted
+
+    def moved(before: Samples, after: Samples) -> dict[str, tuple[float, float]]:
+        was, now = stages(before), stages(after)
+        return {
+            stage: (count - was.get(stage, (0, 0))[0], spent - was.get(stage, (0, 0))[1])
+            for stage, (count, spent) in now.items()
+            if count > was.get(stage, (0, 0))[0]
+        }
+
+    before = scrape(port)
+    asked = pb.RecallRequest(channel="stages", query="when does the backup run?", peek=True)
+    stub.Recall(asked)
+    peek = moved(before, scrape(port))  # reported before the reply leaves the server
+    assert set(peek) == PEEK_STAGES  # a peek warms nothing and writes nothing
+    assert all(count == 1 and 0 < spent < 5 for count, spent in peek.values())
+    before = scrape(port)
+    asked.peek, asked.query = False, "what runs at night?"  # not the cached query
+    stub.Recall(asked)
+    recall = moved(before, scrape(port))
+    assert set(recall) == PEEK_STAGES | {"heat effects", "commit"}
+    cached = scrape(port)
+    stub.Recall(asked)  # asked again: its embedding is remembered, the model is not asked
+    assert "model" not in moved(cached, scrape(port))
+
+
 def test_dreams_and_subscribers_are_measured(
     observed: ServerThread, stub: MemoryServiceStub
 ) -> None:

@@ -45,6 +45,7 @@ from calor.server.engine.results import Current, Stored
 from calor.server.engine.share import shared_copy
 from calor.server.errors import CalorError, InvalidArgumentError
 from calor.server.recall.ranking import Hit
+from calor.server.stages import stage
 from calor.server.storage.markdown import (
     MarkdownReader,
     ParsedMemory,
@@ -152,7 +153,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
 
     @rpc_errors
     async def Recall(self, request: pb.RecallRequest, context: _Context) -> pb.RecallResponse:
-        query = self._rt.validator.recall(request)
+        with stage("validation"):
+            query = self._rt.validator.recall(request)
         vector = self._asked_vector(context)
         if vector is None:
             vector = await self._rt.embeddings.query(query.query)
@@ -172,15 +174,17 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             foreign,
             lambda hits: hits_that_fit(hits, most),
         )
-        reply = pb.RecallResponse(
-            hits=[
-                self._hit(hit, now) for hit, now in zip(result.hits, result.memories, strict=True)
-            ],
-            recall_id=result.recall_id,
-            truncated=result.truncated,
-        )
-        if result.window is not None:
-            reply.temporal_window.CopyFrom(window_message(result.window))
+        with stage("reply"):
+            reply = pb.RecallResponse(
+                hits=[
+                    self._hit(hit, now)
+                    for hit, now in zip(result.hits, result.memories, strict=True)
+                ],
+                recall_id=result.recall_id,
+                truncated=result.truncated,
+            )
+            if result.window is not None:
+                reply.temporal_window.CopyFrom(window_message(result.window))
         return reply
 
     def _asked_vector(self, context: _Context) -> np.ndarray | None:

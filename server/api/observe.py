@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
+from calor.server import stages
 from calor.server.api import caller
 from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.metrics import Metrics, ServerCounts, data_bytes
@@ -95,6 +96,7 @@ class _Call:
         self.method = method
         self.channel = ""
         self._started = time.perf_counter()
+        self.stopwatch, _ = stages.start()
 
     def saw(self, request: object) -> None:
         """Note the channel a request message names (the first one that names one)."""
@@ -121,6 +123,8 @@ class _Call:
     def _report(self, code: str, response: object) -> None:
         seconds = time.perf_counter() - self._started
         self._metrics.call(self.method, code, seconds)
+        if code == "OK":
+            self._metrics.stages(self.method, self.stopwatch.seconds)
         operation = _OPERATIONS.get(self.method)
         if operation is not None:
             self._metrics.operation(operation, seconds, "" if code == "OK" else code)

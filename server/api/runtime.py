@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from calor.server import deadline
+from calor.server import deadline, stages
 from calor.server.api.validation import Validator
 from calor.server.clock import Clock
 from calor.server.config import ServerConfig
@@ -76,13 +77,20 @@ class Runtime:
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         self.inflight += 1
+        queued = time.perf_counter()
         try:
-            return await loop.run_in_executor(self.executor, context.run, _begin, function, args)
+            result, ended = await loop.run_in_executor(
+                self.executor, context.run, _begin, function, args, queued
+            )
         finally:
             self.inflight -= 1
+        stages.record("executor hand-off", time.perf_counter() - ended)
+        return result
 
 
-def _begin(function: Callable[..., _T], args: Sequence[object]) -> _T:
-    """Run queued work, unless its call's deadline passed while it waited for a thread."""
+def _begin(function: Callable[..., _T], args: Sequence[object], queued: float) -> tuple[_T, float]:
+    """Run queued work, unless its call's deadline passed while it waited for a thread;
+    with the moment it ended."""
+    stages.record("executor wait", time.perf_counter() - queued)
     deadline.check("the store and index work")
-    return function(*args)
+    return function(*args), time.perf_counter()

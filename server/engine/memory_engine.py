@@ -55,6 +55,7 @@ from calor.server.events import Cause, EventRecord, memory_event
 from calor.server.recall.ranking import Hit, rank_channel, recall_window
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
+from calor.server.stages import stage
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.gates import load_limit
@@ -260,8 +261,9 @@ class MemoryEngine:
         and log the recall (``entry``, every hit it returned); one batch."""
         policy = channel.policy
         clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
-        effects = recall_effects(channel, heated(hits, policy), policy, clocks)
-        with changing(self._store, channel) as change:
+        with stage("heat effects"):
+            effects = recall_effects(channel, heated(hits, policy), policy, clocks)
+        with stage("commit"), changing(self._store, channel) as change:
             for record in effects.changed.values():
                 change.put(record)
             change.set_heats(effects.warmed, clocks.now, clocks.interactions)

@@ -43,6 +43,7 @@ from calor.server.recall.index import ChannelIndex
 from calor.server.recall.lexical import Corpus, Match
 from calor.server.recall.temporal import TimeWindow, detect_window, temporal_boost
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
+from calor.server.stages import stage
 from calor.server.thermo.gates import fidelity_admits
 from calor.server.thermo.heat import SOURCE_TRUST
 from calor.server.thermo.lifecycle import DAY, Clocks, current_heat, evolve
@@ -175,9 +176,27 @@ def rank_channel(
     record with the same formula (what the bulk path is checked against), as the few the
     columns do not cover always are.
     """
-    corpus = reduce(operator.add, (i.lexical.corpus(query.query) for i in indexes))
+    with stage("lexical search"):
+        corpus = reduce(operator.add, (i.lexical.corpus(query.query) for i in indexes))
     pool = candidate_pool(query)
     found = [_Candidates.of(i, query.query, corpus, query_vector, pool) for i in indexes]
+    with stage("fusion and scoring"):
+        return _scored(found, corpus, records, policy, query, window, clocks, own, top, bulk)
+
+
+def _scored(
+    found: list[_Candidates],
+    corpus: Corpus,
+    records: Mapping[str, MemoryRecord],
+    policy: ChannelPolicy,
+    query: RecallQuery,
+    window: TimeWindow | None,
+    clocks: Clocks,
+    own: bool,
+    top: int | None,
+    bulk: bool,
+) -> list[Hit]:
+    """The hits of every index's candidates, meaning and words fused over all of them."""
     fusion = fuse(
         np.concatenate([c.cosines[c.reference] for c in found]),
         np.concatenate([c.shares[c.reference] for c in found]),
@@ -212,17 +231,20 @@ class _Candidates:
         cls, index: ChannelIndex, query: str, corpus: Corpus, vector: np.ndarray, pool: int
     ) -> _Candidates:
         """The ``pool`` nearest memories of ``index`` by meaning and by words."""
-        words = index.lexical.match(query, corpus)
-        labels, sims = index.dense(vector, pool)
-        by_words, _ = words.top(pool)
-        listed = index.label_mask(labels)
-        lexical_only = by_words[~listed[by_words]]
-        if lexical_only.size:
-            labels = np.concatenate([labels, lexical_only])
-            sims = np.concatenate([sims, index.similarities(vector, lexical_only)])
-        shares = (
-            words.scores(labels) / words.ceiling if words.ceiling > 0 else np.zeros(labels.size)
-        )
+        with stage("lexical search"):
+            words = index.lexical.match(query, corpus)
+            by_words, _ = words.top(pool)
+        with stage("dense search"):
+            labels, sims = index.dense(vector, pool)
+            listed = index.label_mask(labels)
+            lexical_only = by_words[~listed[by_words]]
+            if lexical_only.size:
+                labels = np.concatenate([labels, lexical_only])
+                sims = np.concatenate([sims, index.similarities(vector, lexical_only)])
+        with stage("lexical search"):
+            shares = (
+                words.scores(labels) / words.ceiling if words.ceiling > 0 else np.zeros(labels.size)
+            )
         reference = np.arange(labels.size) < _REFERENCE  # the dense list comes first
         reference |= index.label_mask(by_words[:_REFERENCE])[labels]
         return cls(index, words, labels, sims.astype(np.float64), shares, reference)
