@@ -62,6 +62,8 @@ from throughput import machine_info, write_results
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results"
 CONCURRENT_POOL = 8_000  # queries for the concurrent runs: corpus texts past the stored ones
+
+
 def measure_model(
     corpus: Corpus, sizes: Sequence[int], work: Workload, patience: Patience
 ) -> tuple[Json, Json]:
