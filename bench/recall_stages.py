@@ -33,26 +33,13 @@ from throughput import machine_info, stream_store, write_results
 
 from calor.server.cluster.local import free_port
 from calor.server.config import APPROXIMATE_ABOVE
+from calor.server.stages import RECALL_STAGES
 from calor.v1 import memory_service_pb2 as pb
 
 Json = dict[str, Any]
 CHANNEL = "stages"
 RECALL = "calor.v1.MemoryService/Recall"
-ORDER = (
-    "validation",
-    "embedding queue",
-    "model",
-    "embedding hand-off",
-    "executor wait",
-    "lexical search",
-    "dense search",
-    "fusion and scoring",
-    "heat effects",
-    "commit",
-    "executor hand-off",
-    "reply",
-)
-"""The stages in the order a recall meets them."""
+ORDER = RECALL_STAGES
 
 
 def graph_wait(server: Server, memories: int, timeout: float = 1800.0) -> None:

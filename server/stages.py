@@ -14,7 +14,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 
-__all__ = ["Stopwatch", "record", "stage", "start"]
+__all__ = ["RECALL_STAGES", "Stopwatch", "record", "stage", "start"]
+
+RECALL_STAGES = (
+    "validation",
+    "embedding queue",
+    "model",
+    "embedding hand-off",
+    "executor wait",
+    "lexical search",
+    "dense search",
+    "fusion and scoring",
+    "heat effects",
+    "commit",
+    "executor hand-off",
+    "reply",
+)
+"""The stages a recall meets, in order (a peek skips heat effects and the commit; a
+query asked lately skips the embedding queue, the model and the hand-off)."""
 
 
 class Stopwatch:

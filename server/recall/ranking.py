@@ -181,33 +181,17 @@ def rank_channel(
     pool = candidate_pool(query)
     found = [_Candidates.of(i, query.query, corpus, query_vector, pool) for i in indexes]
     with stage("fusion and scoring"):
-        return _scored(found, corpus, records, policy, query, window, clocks, own, top, bulk)
-
-
-def _scored(
-    found: list[_Candidates],
-    corpus: Corpus,
-    records: Mapping[str, MemoryRecord],
-    policy: ChannelPolicy,
-    query: RecallQuery,
-    window: TimeWindow | None,
-    clocks: Clocks,
-    own: bool,
-    top: int | None,
-    bulk: bool,
-) -> list[Hit]:
-    """The hits of every index's candidates, meaning and words fused over all of them."""
-    fusion = fuse(
-        np.concatenate([c.cosines[c.reference] for c in found]),
-        np.concatenate([c.shares[c.reference] for c in found]),
-        specificity(corpus, query.query),
-        policy.weights.lexical,
-    )
-    hits: list[Hit] = []
-    for candidates in found:
-        hits += _rank_index(
-            candidates, fusion, records, policy, query, window, clocks, own, top, bulk
+        fusion = fuse(
+            np.concatenate([c.cosines[c.reference] for c in found]),
+            np.concatenate([c.shares[c.reference] for c in found]),
+            specificity(corpus, query.query),
+            policy.weights.lexical,
         )
+        hits: list[Hit] = []
+        for candidates in found:
+            hits += _rank_index(
+                candidates, fusion, records, policy, query, window, clocks, own, top, bulk
+            )
     return hits
 
 
