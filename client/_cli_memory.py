@@ -16,9 +16,8 @@ from google.protobuf.message import Message
 
 from calor.client import _render
 from calor.client._enums import MEMORY_STATE_NAMES, MEMORY_TYPE_NAMES, TRIGGER_EVENT_NAMES
-from calor.client._progress import Progress, following
+from calor.client._progress import Progress, following, polled
 from calor.client.client import CalorClient
-from calor.client.errors import CalorClientError
 from calor.v1 import memory_service_pb2, trigger_service_pb2
 
 __all__ = [
@@ -120,14 +119,7 @@ def _connect(client: CalorClient, args: argparse.Namespace) -> _Output:
 def _dream(client: CalorClient, args: argparse.Namespace) -> _Output:
     """Dream now; on a terminal, a line follows the server's word of the step under way."""
     token = secrets.token_urlsafe(12)
-
-    def read() -> tuple[int, int, str] | None:
-        try:
-            progress = client.progress(token)
-        except CalorClientError:  # not begun yet
-            return None
-        return progress.step, progress.steps, progress.phase
-
+    read = polled(lambda: client.progress(token), lambda p: (p.step, p.steps, p.phase))
     with Progress(label="dream", steps=True) as bar:
         with following(bar, read):
             report = client.dream(progress_token=token)

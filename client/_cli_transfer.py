@@ -21,10 +21,10 @@ from typing import Literal, TextIO
 import grpc
 from google.protobuf.message import Message
 
-from calor.client._progress import Progress, following
+from calor.client._progress import Progress, following, polled
 from calor.client._transfer import DEFAULT_CHUNK_CHARS, export_total
 from calor.client.client import CalorClient
-from calor.client.errors import CalorClientError, InvalidArgumentError
+from calor.client.errors import InvalidArgumentError
 from calor.v1 import memory_service_pb2
 
 __all__ = ["add_transfer_commands"]
@@ -66,7 +66,7 @@ def _import(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str
     name = "stdin" if args.file == "-" else args.file
     token = secrets.token_urlsafe(12)
     with _input(args.file) as stream, Progress(label="import") as bar:
-        with following(bar, _write_progress(client, token)):
+        with following(bar, polled(lambda: client.progress(token), _embedded)):
             ids = client.import_markdown(
                 _blocks(stream, name, args.chunk_chars),
                 chunk_chars=args.chunk_chars,
@@ -78,18 +78,10 @@ def _import(client: CalorClient, args: argparse.Namespace) -> tuple[Message, str
     return response, f"imported {len(ids)} {_memories(len(ids))}"
 
 
-def _write_progress(client: CalorClient, token: str) -> Callable[[], tuple[int, int, str] | None]:
-    """How far the server says the write under ``token`` has come: embedded of the
-    items it holds (of those received while the stream runs), and its phase."""
-
-    def read() -> tuple[int, int, str] | None:
-        try:
-            progress = client.progress(token)
-        except CalorClientError:  # not started yet, or a server without Progress
-            return None
-        return progress.embedded, progress.total or progress.received, progress.phase
-
-    return read
+def _embedded(progress: memory_service_pb2.ProgressResponse) -> tuple[int, int, str]:
+    """How far a write has come: embedded of the items it holds (of those received
+    while the stream runs), and its phase."""
+    return progress.embedded, progress.total or progress.received, progress.phase
 
 
 def _memories(count: int) -> str:

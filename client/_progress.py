@@ -8,11 +8,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TextIO
+from typing import TextIO, TypeVar
 
-__all__ = ["Progress", "following"]
+from calor.client.errors import CalorClientError
+
+__all__ = ["Progress", "following", "polled"]
 
 _POLL_SECONDS = 0.2  # how often a bar asks how far the server has come
+_Answer = TypeVar("_Answer")
 
 
 class Progress:
@@ -163,6 +166,22 @@ def _clock_time(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def polled(
+    ask: Callable[[], _Answer], pick: Callable[[_Answer], tuple[int, int, str]]
+) -> Callable[[], tuple[int, int, str] | None]:
+    """What a server says of its work, for :func:`following`: ``ask``'s answer as
+    ``pick`` reads it (count, total, phase), or None while the server cannot tell (the
+    work not begun yet, or a server that does not report it)."""
+
+    def read() -> tuple[int, int, str] | None:
+        try:
+            return pick(ask())
+        except CalorClientError:
+            return None
+
+    return read
 
 
 @contextmanager

@@ -111,4 +111,4 @@ def test_zero_total_reads_as_done() -> None:
 
 
 def test_public_surface() -> None:
-    assert _progress.__all__ == ["Progress", "following"]
+    assert _progress.__all__ == ["Progress", "following", "polled"]
