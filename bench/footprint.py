@@ -48,8 +48,9 @@ def resident_kb() -> int:
     raise RuntimeError("no RssAnon in /proc/self/status")
 
 
-def write_channel(data: Path, memories: int) -> list[str]:
-    """The channel written to ``data``; returns the queries to recall with."""
+def write_channel(data: Path, memories: int) -> tuple[list[str], float]:
+    """The channel written to ``data``; returns the queries to recall with and the
+    writing process's resident KB per memory once the ingest (and its graph) is done."""
     corpus = build_short_corpus(memories, RECALLS)
     model = load_model()
     cached = CACHE / f"footprint-{memories}.npy"
@@ -63,14 +64,16 @@ def write_channel(data: Path, memories: int) -> list[str]:
         np.save(cached, vectors)
     store = MemoryStore.open(data, model_id=model.model_id, dim=model.dim, sync=False)
     engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+    before = resident_kb()
     for start in range(0, memories, 256):
         items = [NewMemory(channel=CHANNEL, text=t) for t in corpus.texts[start : start + 256]]
         engine.store(items, vectors[start : start + 256])
     graphs = engine.channels.graphs
     while not graphs.idle():  # the graph built and saved, as a server would have it
         time.sleep(0.5)
+    ingested = (resident_kb() - before) / memories
     store.close()
-    return list(corpus.queries)
+    return list(corpus.queries), ingested
 
 
 def measure(data: Path, memories: int, queries: list[str]) -> dict[str, Any]:
@@ -114,10 +117,11 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="calor-footprint-") as folder:
         data = Path(folder)
-        queries = write_channel(data, args.memories)
+        queries, ingested = write_channel(data, args.memories)
         (data / "queries.json").write_text(json.dumps(queries))
         child = [sys.executable, __file__, "--memories", str(args.memories), "--measure", folder]
         result = json.loads(subprocess.run(child, check=True, capture_output=True).stdout)
+        result["kb_per_memory_after_ingest"] = round(ingested, 2)
     machine = machine_info()
     print(f"Footprint of one loaded channel ({machine['cpu']}, commit {machine['git_commit']})")
     print(f"  memories                          {result['memories']:>10,}")
@@ -125,6 +129,7 @@ def main() -> int:
     print(f"  searched through a graph          {result['approximate']!s:>10}")
     graphs = f"{result['graph_restored']} / {result['graph_built']}"
     print(f"  graphs restored / built at load   {graphs:>10}")
+    print(f"  KB per memory, after ingest       {result['kb_per_memory_after_ingest']:>10.2f}")
     print(f"  KB per memory, loaded             {result['kb_per_memory_loaded']:>10.2f}")
     after = result["kb_per_memory_after_recalls"]
     print(f"  KB per memory, after {RECALLS} non-peek recalls {after:>6.2f}")

@@ -103,14 +103,14 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         try:
             items, vectors = await self._receive(request_iterator, progress)
             progress.phase = "storing"
-            stored = await self._rt.run(self._rt.engine.store, items, vectors)
+            ids = await self._rt.run(self._rt.engine.store_all, items, vectors)
         except CalorError as error:
             progress.end("failed")
             await abort_with(context, error)
             raise  # unreachable: abort raises
-        progress.stored = len(stored)
+        progress.stored = len(ids)
         progress.end("done")
-        return pb.StoreStreamResponse(ids=[s.record.id for s in stored])
+        return pb.StoreStreamResponse(ids=ids)
 
     async def _receive(
         self, requests: AsyncIterator[pb.StoreStreamRequest], progress: WriteProgress

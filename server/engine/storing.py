@@ -3,15 +3,15 @@ atomic batch, then admitted to the channels' live views (DESIGN §4)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import numpy as np
 
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory
-from calor.server.engine.changes import Changes, commit
+from calor.server.engine.changes import Changes, Packed, Written, commit, write
 from calor.server.engine.channel import Channel
 from calor.server.engine.ingest import build_records
 from calor.server.engine.registry import ChannelRegistry
@@ -44,21 +44,57 @@ class StorePipeline:
         meanwhile, and its vectors written ahead of its records (see
         :meth:`_write_vectors_ahead`).
         """
-        bulk = len(items) >= BULK_ITEMS
+        with self._locked(items):
+            results, written = self._write(items, vectors)
+            for change in written:
+                change.apply()
+            return [self._as_stored(r) for r in results]
+
+    def store_all(self, items: list[NewMemory], vectors: np.ndarray) -> list[str]:
+        """:meth:`store` for a big batch whose caller needs only the ids (in item order):
+        ``items`` is emptied as it is taken in, and the channels' views take the stored
+        memories in a slice at a time (see :class:`~calor.server.engine.changes.Packed`),
+        so that what they keep is not scattered over the batch's heap."""
+        with self._locked(items):
+            ids, packed = self._write_packed(items, vectors)
+            for change in packed:
+                change.apply()
+        return ids.split("\n") if ids else []
+
+    def _write_packed(
+        self, items: list[NewMemory], vectors: np.ndarray
+    ) -> tuple[str, list[Packed]]:
+        """The batch written; its ids (one string, a line each) and its changes packed.
+        Every other object the batch made is gone when this returns."""
+        taken = list(items)
+        items.clear()
+        results, written = self._write(taken, vectors)
+        del taken
+        ids = "\n".join(stored.record.id for stored in results)
+        del results
+        return ids, [change.packed() for change in written]
+
+    @contextmanager
+    def _locked(self, items: Sequence[NewMemory]) -> Iterator[None]:
+        """The locks of the channels the items name, held in name order, and the bulk
+        mode of a big batch."""
         names = sorted({item.channel for item in items})
         channels = [self._reg.channel(name) for name in names]
         for channel in channels:
             channel.lock.acquire()
         try:
-            with bulk_build() if bulk else nullcontext():
-                return self._store_locked(items, vectors, bulk)
+            with bulk_build() if len(items) >= BULK_ITEMS else nullcontext():
+                yield
         finally:
             for channel in reversed(channels):
                 channel.lock.release()
 
-    def _store_locked(
-        self, items: Sequence[NewMemory], vectors: np.ndarray, bulk: bool
-    ) -> list[Stored]:
+    def _write(
+        self, items: Sequence[NewMemory], vectors: np.ndarray
+    ) -> tuple[list[Stored], list[Written]]:
+        """Write the batch (the caller holds the locks); each item's outcome, its memory
+        as written, and the changes the views have yet to take in."""
+        bulk = len(items) >= BULK_ITEMS
         results: list[Stored | None] = [None] * len(items)
         fresh: dict[str, list[int]] = {}
         seen: dict[tuple[str, str], int] = {}
@@ -81,7 +117,9 @@ class StorePipeline:
         }
         if bulk:
             self._write_vectors_ahead(prepared)
-        commit(self._store, [self._changes(name, done, bulk) for name, done in prepared.items()])
+        _, written = write(
+            self._store, [self._changes(name, done, bulk) for name, done in prepared.items()]
+        )
         for name, positions in fresh.items():
             done = prepared[name]
             for position, ingested in zip(positions, done.ingested, strict=True):
@@ -91,7 +129,7 @@ class StorePipeline:
                 first = results[seen[(item.channel, item.idempotency_key)]]
                 assert first is not None
                 results[position] = Stored(first.record, False)
-        return [self._as_stored(r) for r in results if r is not None]
+        return [r for r in results if r is not None], written
 
     def derived(
         self, channel: Channel, items: Sequence[NewMemory], vectors: np.ndarray

@@ -140,7 +140,7 @@ class Transfer:
         """
         if not any(p.state is not None or p.edges for p in parsed):
             items = [to_new_memory(p, channel) for p in parsed]
-            return [stored.record.id for stored in self._storing.store(items, vectors)]
+            return self._storing.store_all(items, vectors)
         live = self._reg.channel(channel)
         bulk = bulk_build() if len(parsed) >= BULK_ITEMS else nullcontext()
         with live.lock, bulk:
