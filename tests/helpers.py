@@ -13,6 +13,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from calor.server.events import EventRecord
+from calor.server.storage.batch import PendingBatch, put_ops
 from calor.server.storage.ops import ChangeList
 from calor.server.storage.store import MemoryStore
 from calor.triggers.rules import TriggerRule
@@ -93,11 +94,17 @@ class CrashAfter:
         return getattr(self._store, name)
 
     def write(self, changes: Sequence[ChangeList]) -> list[EventRecord]:
+        held = self._store.open_batch()
+        for change in changes:
+            put_ops(held, change)
+        return self.write_batch(held)
+
+    def write_batch(self, held: PendingBatch) -> list[EventRecord]:
         if self.budget <= 0:
             self.refused += 1
             raise OSError("injected crash")
         self.budget -= 1
-        return self._store.write(changes)
+        return self._store.write_batch(held)
 
 
 def trigger_rule(**fields: Any) -> TriggerRule:

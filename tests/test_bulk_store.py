@@ -9,6 +9,7 @@ import pytest
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock, SystemClock
 from calor.server.commands import NewMemory, RecallQuery
+from calor.server.engine import storing
 from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.heap import BULK_ITEMS
 from calor.server.storage.store import MemoryStore
@@ -98,9 +99,11 @@ def _view(engine: MemoryEngine) -> tuple[dict[str, tuple[object, ...]], set[tupl
     return memories, edges
 
 
-def test_a_bulk_taken_in_a_slice_at_a_time_makes_the_view_one_taken_whole_makes(
-    embedder: OnnxEmbedder, tmp_path: Path
+@pytest.mark.parametrize("part", [128, storing._PART])
+def test_a_bulk_said_in_parts_makes_the_view_one_batch_makes(
+    embedder: OnnxEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, part: int
 ) -> None:
+    monkeypatch.setattr(storing, "_PART", part)  # parts link to the parts before them
     # Enough for several slices; repeated names and near-repeats link and confirm.
     first = [f"{['Ada', 'Grace', 'Linus'][i % 3]} shipped build {i} to Lisbon" for i in range(400)]
     texts = [f"{text}." for text in first] + [f"{text} again." for text in first[:368]]

@@ -29,6 +29,7 @@ from calor.server.engine.evaluate import FINDING_TAG
 from calor.server.errors import UnavailableError
 from calor.server.events import EventRecord
 from calor.server.records import DELETED, MemoryRecord
+from calor.server.storage.batch import PendingBatch, put_ops
 from calor.server.storage.ops import (
     AddMemory,
     ChangeList,
@@ -58,6 +59,7 @@ from calor.server.thermo.policy import ChannelPolicy
 
 __all__ = [
     "Bookkeeping",
+    "BulkWrite",
     "Changes",
     "Packed",
     "Written",
@@ -228,24 +230,57 @@ def write(
     changes = [change for change in changes if change]
     if not changes:
         return [], []
-    for change in changes:
-        if change.channel is not None and change.channel.dropped:
-            raise UnavailableError(
-                f"channel {change.name!r} was dropped while this call ran; try again"
-            )
+    held = store.open_batch()
+    written = [_said(store, held, change) for change in changes]
     deadline.check("the commit")  # a call whose deadline passed commits nothing
-    for change in changes:
-        view = change.channel
-        if view is None:
-            continue
+    return store.write_batch(held), written
+
+
+class BulkWrite:
+    """One atomic batch said a part at a time (a big store): each part of a change goes
+    into the write batch, and is packed for its view, as it is said (see
+    :class:`Packed`), so the objects of the whole batch are never alive at once.
+    The caller holds the channels' locks from the first part until every packed change
+    is applied."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._held = store.open_batch()
+        self._packed: list[Packed] = []
+
+    def add(self, change: Changes) -> None:
+        """The change's operations so far go into the batch (and leave the change, which
+        keeps what it knows of its links for the parts to come)."""
+        if change:
+            self._packed.append(_said(self._store, self._held, change).packed())
+            change.ops = []
+
+    def commit(self) -> list[Packed]:
+        """Write the batch; what the views have yet to take in, in order."""
+        deadline.check("the commit")  # a call whose deadline passed commits nothing
+        for packed in self._packed:
+            packed.check_view()
+        self._store.write_batch(self._held)
+        return self._packed
+
+
+def _said(store: MemoryStore, held: PendingBatch, change: Changes) -> Written:
+    """Put a change into a write batch being made: it as its view will take it in."""
+    view = change.channel
+    if view is not None:
+        _check_view(view)
         for n, op in enumerate(change.ops):
             if isinstance(op, PutMemory) and op.vector is None and view.needs_vector(op.record):
                 change.ops[n] = PutMemory(op.record, store.get_vector(change.name, op.record.id))
-    replaced = [_replaced(change) for change in changes]
-    events = store.write([change.as_list() for change in changes])
-    return events, [
-        Written(c.channel, c.as_list(), r) for c, r in zip(changes, replaced, strict=True)
-    ]
+    replaced = _replaced(change)
+    listed = change.as_list()
+    put_ops(held, listed)
+    return Written(view, listed, replaced)
+
+
+def _check_view(view: Channel | None) -> None:
+    if view is not None and view.dropped:
+        raise UnavailableError(f"channel {view.name!r} was dropped while this call ran; try again")
 
 
 class Written:
@@ -316,6 +351,10 @@ class Packed:
         # Compact JSON escapes every newline inside a string: a bare one only separates.
         stacked = np.stack(vectors) if vectors else np.empty((0, 0), dtype=np.float32)
         self._slices.append((b"\n".join(records), stacked, json.dumps(links).encode()))
+
+    def check_view(self) -> None:
+        """UNAVAILABLE if the view was dropped meanwhile."""
+        _check_view(self._view)
 
     def apply(self) -> None:
         """Let the view take the change in, a slice at a time (the caller holds its lock

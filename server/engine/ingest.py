@@ -24,13 +24,20 @@ from calor.server.thermo.heat import SOURCE_TRUST
 from calor.server.thermo.lifecycle import refresh_utility
 from calor.server.thermo.policy import ChannelPolicy, IngestTuning
 
-__all__ = ["Ingested", "Neighbourhood", "build_records", "novelty_adjustment"]
+__all__ = [
+    "LINK_CHUNK",
+    "Ingested",
+    "Neighbourhood",
+    "RecordBuilder",
+    "build_records",
+    "novelty_adjustment",
+]
 
 # Novelty, near-duplicates and entity hubs are channel settings (``ChannelPolicy.ingest``).
 
 # Items of a batch are linked a chunk at a time: exact search over the channel, over the
 # batch's earlier chunks, and within the chunk, never an all-pairs matrix of the batch.
-_CHUNK = 64
+LINK_CHUNK = 64
 
 
 @dataclass
@@ -116,38 +123,60 @@ def build_records(
     Later items of the batch see earlier ones as neighbours, so a batch links the
     same way as the same memories stored one by one.
     """
-    k = max(policy.ingest.novelty_neighbours, policy.semantic_link_max)
-    earlier = ScratchIndex(vectors.shape[1], hood.index.vectors.approximate_above)
-    out: list[Ingested] = []
-    for start in range(0, len(items), _CHUNK):
-        chunk = vectors[start : start + _CHUNK]
-        sims, labels = hood.index.search_many(chunk, k)
-        from_batch = earlier.search(chunk, k)
-        within = chunk @ chunk.T
-        for row in range(chunk.shape[0]):
-            candidates = [
-                (float(s), hood.index.memory_id(int(lab)))
-                for s, lab in zip(sims[row], labels[row], strict=True)
-                if lab >= 0
-            ]
-            candidates += from_batch[row]
-            candidates += [(float(within[row, j]), out[start + j].record.id) for j in range(row)]
-            candidates.sort(key=lambda c: (-c[0], c[1]))
-            position = start + row
-            out.append(
-                _one(
-                    items[position],
-                    chunk[row],
-                    candidates[:k],
-                    hood,
-                    policy,
-                    now,
-                    interactions + position + 1,
+    return RecordBuilder(hood, policy, now, interactions).build(items, vectors)
+
+
+class RecordBuilder:
+    """:func:`build_records` for a batch given a part at a time: each part's items see
+    the parts before as neighbours, as one batch's later items see its earlier ones.
+    ``interactions`` is the channel's count before the batch (each item adds one)."""
+
+    def __init__(
+        self, hood: Neighbourhood, policy: ChannelPolicy, now: float, interactions: int
+    ) -> None:
+        self._hood = hood
+        self._policy = policy
+        self._now = now
+        self._interactions = interactions
+        self._earlier = ScratchIndex(hood.index.dim, hood.index.vectors.approximate_above)
+        self._built = 0
+
+    def build(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[Ingested]:
+        """The next part's records and edges, in order."""
+        hood, policy = self._hood, self._policy
+        k = max(policy.ingest.novelty_neighbours, policy.semantic_link_max)
+        out: list[Ingested] = []
+        for start in range(0, len(items), LINK_CHUNK):
+            chunk = vectors[start : start + LINK_CHUNK]
+            sims, labels = hood.index.search_many(chunk, k)
+            from_batch = self._earlier.search(chunk, k)
+            within = chunk @ chunk.T
+            for row in range(chunk.shape[0]):
+                candidates = [
+                    (float(s), hood.index.memory_id(int(lab)))
+                    for s, lab in zip(sims[row], labels[row], strict=True)
+                    if lab >= 0
+                ]
+                candidates += from_batch[row]
+                candidates += [
+                    (float(within[row, j]), out[start + j].record.id) for j in range(row)
+                ]
+                candidates.sort(key=lambda c: (-c[0], c[1]))
+                self._built += 1
+                out.append(
+                    _one(
+                        items[start + row],
+                        chunk[row],
+                        candidates[:k],
+                        hood,
+                        policy,
+                        self._now,
+                        self._interactions + self._built,
+                    )
                 )
-            )
-            hood.remember(out[-1].record)
-        earlier.add([entry.record.id for entry in out[start:]], chunk)
-    return out
+                hood.remember(out[-1].record)
+            self._earlier.add([entry.record.id for entry in out[start:]], chunk)
+        return out
 
 
 def _one(

@@ -11,9 +11,9 @@ import numpy as np
 
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory
-from calor.server.engine.changes import Changes, Packed, Written, commit, write
+from calor.server.engine.changes import BulkWrite, Changes, Packed, Written, commit, write
 from calor.server.engine.channel import Channel
-from calor.server.engine.ingest import build_records
+from calor.server.engine.ingest import LINK_CHUNK, Ingested, RecordBuilder, build_records
 from calor.server.engine.registry import ChannelRegistry
 from calor.server.engine.results import Prepared, Stored
 from calor.server.errors import NotFoundError
@@ -27,6 +27,9 @@ __all__ = ["StorePipeline"]
 
 # A bulk store writes its vectors ahead of its records this many to a batch.
 _VECTORS_AHEAD = 256
+# Items a big store (``store_all``) builds and says at a time: a multiple of the chunk
+# ingest links at a time, so parts find the neighbours one batch would.
+_PART = 16 * LINK_CHUNK
 
 
 class StorePipeline:
@@ -51,28 +54,64 @@ class StorePipeline:
             return [self._as_stored(r) for r in results]
 
     def store_all(self, items: list[NewMemory], vectors: np.ndarray) -> list[str]:
-        """:meth:`store` for a big batch whose caller needs only the ids (in item order):
-        ``items`` is emptied as it is taken in, and the channels' views take the stored
-        memories in a slice at a time (see :class:`~calor.server.engine.changes.Packed`),
-        so that what they keep is not scattered over the batch's heap."""
+        """:meth:`store` for a big batch whose caller needs only the ids (in item order).
+
+        ``items`` is emptied as it is taken in. The batch is built and said a part at a
+        time into one write batch (see :class:`~calor.server.engine.changes.BulkWrite`),
+        later parts linking to earlier ones as one batch's items do, and the views take
+        it in a slice at a time: the objects of the whole batch are never alive at once,
+        so what the views keep is not scattered over its heap.
+        """
         with self._locked(items):
-            ids, packed = self._write_packed(items, vectors)
+            taken = list(items)
+            items.clear()
+            parts, packed = self._write_in_parts(taken, vectors)
+            del taken
             for change in packed:
                 change.apply()
-        return ids.split("\n") if ids else []
+        ids = [""] * sum(len(positions) for positions, _ in parts)
+        for positions, said in parts:
+            for position, memory_id in zip(positions, said.split("\n"), strict=True):
+                ids[position] = memory_id
+        return ids
 
-    def _write_packed(
+    def _write_in_parts(
         self, items: list[NewMemory], vectors: np.ndarray
-    ) -> tuple[str, list[Packed]]:
-        """The batch written; its ids (one string, a line each) and its changes packed.
-        Every other object the batch made is gone when this returns."""
-        taken = list(items)
-        items.clear()
-        results, written = self._write(taken, vectors)
-        del taken
-        ids = "\n".join(stored.record.id for stored in results)
-        del results
-        return ids, [change.packed() for change in written]
+    ) -> tuple[list[tuple[list[int], str]], list[Packed]]:
+        """Write the batch a part at a time (the caller holds the locks); each part's
+        positions with their ids (one string, a line each), and the packed changes."""
+        earlier, repeats, fresh = self._sort_out(items)
+        parts = [([p], record.id) for p, record in earlier.items()]
+        bulk = BulkWrite(self._store)
+        for name, positions in fresh.items():
+            channel = self._reg.channel(name)
+            now = self._clock.now()
+            builder = RecordBuilder(
+                channel.neighbourhood(), channel.policy, now, channel.state.interactions
+            )
+            change = Changes(name, channel)
+            confirms: set[str] = set()
+            for start in range(0, len(positions), _PART):
+                chosen = positions[start : start + _PART]
+                ingested = builder.build([items[p] for p in chosen], vectors[chosen])
+                self._write_vectors_ahead([(name, entry) for entry in ingested])
+                _say_new(change, ingested, now, staged=True)
+                confirms.update(c for entry in ingested for c in entry.confirms)
+                bulk.add(change)
+                parts.append((chosen, "\n".join(entry.record.id for entry in ingested)))
+            for record in self._confirmed(channel, confirms, now):
+                change.put(record)
+            interactions = channel.state.interactions + len(positions)
+            change.set_state(replace(channel.state, interactions=interactions))
+            bulk.add(change)
+        packed = bulk.commit()
+        first_ids = {
+            p: memory_id
+            for positions, said in parts
+            for p, memory_id in zip(positions, said.split("\n"), strict=True)
+        }
+        parts += [([p], first_ids[first]) for p, first in repeats.items()]
+        return parts, packed
 
     @contextmanager
     def _locked(self, items: Sequence[NewMemory]) -> Iterator[None]:
@@ -95,20 +134,10 @@ class StorePipeline:
         """Write the batch (the caller holds the locks); each item's outcome, its memory
         as written, and the changes the views have yet to take in."""
         bulk = len(items) >= BULK_ITEMS
+        earlier, repeats, fresh = self._sort_out(items)
         results: list[Stored | None] = [None] * len(items)
-        fresh: dict[str, list[int]] = {}
-        seen: dict[tuple[str, str], int] = {}
-        for position, item in enumerate(items):
-            key = (item.channel, item.idempotency_key)
-            earlier = self._store.idempotent_id(*key) if item.idempotency_key else None
-            if earlier is not None:
-                results[position] = Stored(self._earlier(item.channel, earlier), False)
-            elif item.idempotency_key and key in seen:
-                continue  # resolved below, once the first of the batch has its id
-            else:
-                if item.idempotency_key:
-                    seen[key] = position
-                fresh.setdefault(item.channel, []).append(position)
+        for position, record in earlier.items():
+            results[position] = Stored(record, False)
         prepared = {
             name: self._prepare(
                 self._reg.channel(name), [items[p] for p in positions], vectors[positions]
@@ -116,7 +145,9 @@ class StorePipeline:
             for name, positions in fresh.items()
         }
         if bulk:
-            self._write_vectors_ahead(prepared)
+            self._write_vectors_ahead(
+                [(name, e) for name, done in prepared.items() for e in done.ingested]
+            )
         _, written = write(
             self._store, [self._changes(name, done, bulk) for name, done in prepared.items()]
         )
@@ -124,12 +155,34 @@ class StorePipeline:
             done = prepared[name]
             for position, ingested in zip(positions, done.ingested, strict=True):
                 results[position] = Stored(ingested.record, True)
-        for position, item in enumerate(items):
-            if results[position] is None:
-                first = results[seen[(item.channel, item.idempotency_key)]]
-                assert first is not None
-                results[position] = Stored(first.record, False)
+        for position, first in repeats.items():
+            made = results[first]
+            assert made is not None
+            results[position] = Stored(made.record, False)
         return [r for r in results if r is not None], written
+
+    def _sort_out(
+        self, items: Sequence[NewMemory]
+    ) -> tuple[dict[int, MemoryRecord], dict[int, int], dict[str, list[int]]]:
+        """Which items an earlier store made already (by idempotency key: position →
+        that memory), which repeat the key of an earlier item of the batch (position →
+        that item's), and the positions of the others, to store, by channel."""
+        earlier: dict[int, MemoryRecord] = {}
+        repeats: dict[int, int] = {}
+        fresh: dict[str, list[int]] = {}
+        seen: dict[tuple[str, str], int] = {}
+        for position, item in enumerate(items):
+            key = (item.channel, item.idempotency_key)
+            found = self._store.idempotent_id(*key) if item.idempotency_key else None
+            if found is not None:
+                earlier[position] = self._earlier(item.channel, found)
+            elif item.idempotency_key and key in seen:
+                repeats[position] = seen[key]
+            else:
+                if item.idempotency_key:
+                    seen[key] = position
+                fresh.setdefault(item.channel, []).append(position)
+        return earlier, repeats, fresh
 
     def derived(
         self, channel: Channel, items: Sequence[NewMemory], vectors: np.ndarray
@@ -159,28 +212,30 @@ class StorePipeline:
             items, vectors, channel.neighbourhood(), policy, now, channel.state.interactions
         )
         state = replace(channel.state, interactions=channel.state.interactions + len(items))
+        confirmed = self._confirmed(channel, {c for e in ingested for c in e.confirms}, now)
+        return Prepared(ingested, state, confirmed, now)
+
+    @staticmethod
+    def _confirmed(channel: Channel, confirms: set[str], now: float) -> list[MemoryRecord]:
+        """The older memories new ones confirm, one confirmation more each."""
         confirmed: list[MemoryRecord] = []
-        for older_id in sorted({c for entry in ingested for c in entry.confirms}):
+        for older_id in sorted(confirms):
             older = channel.records.get(older_id)
             if older is not None:
                 confirmed.append(replace(older, confirmations=older.confirmations + 1))
                 refresh_utility(confirmed[-1], now)
-        return Prepared(ingested, state, confirmed, now)
+        return confirmed
 
     def _changes(self, name: str, done: Prepared, staged: bool) -> Changes:
         """A channel's part of a store batch as one change."""
         change = Changes(name, self._reg.channel(name))
-        for entry in done.ingested:
-            change.add(entry.record, entry.vector, staged)
-            change.log(memory_event("on_store", entry.record, done.at, entry.record.heat0))
-            for edge in entry.edges:
-                change.link(edge.from_id, edge.to_id, edge.kind, edge.weight)
+        _say_new(change, done.ingested, done.at, staged)
         for record in done.confirmed:
             change.put(record)
         change.set_state(done.state)
         return change
 
-    def _write_vectors_ahead(self, prepared: dict[str, Prepared]) -> None:
+    def _write_vectors_ahead(self, entries: list[tuple[str, Ingested]]) -> None:
         """Write a bulk store's vectors ahead of its records, in batches of their own.
 
         The records' batch stays the one commit point: a vector whose record was never
@@ -188,9 +243,17 @@ class StorePipeline:
         shorter final write; the RocksDB binding holds the GIL while it writes and
         syncs, so that write is a pause for every other client's recall.
         """
-        entries = [(name, e) for name, done in prepared.items() for e in done.ingested]
         for start in range(0, len(entries), _VECTORS_AHEAD):
             ahead: dict[str, Changes] = {}
             for name, entry in entries[start : start + _VECTORS_AHEAD]:
                 ahead.setdefault(name, Changes(name)).stage_vector(entry.record.id, entry.vector)
             commit(self._store, list(ahead.values()))
+
+
+def _say_new(change: Changes, ingested: list[Ingested], at: float, staged: bool) -> None:
+    """New memories into a change: each with its event and its links."""
+    for entry in ingested:
+        change.add(entry.record, entry.vector, staged)
+        change.log(memory_event("on_store", entry.record, at, entry.record.heat0))
+        for edge in entry.edges:
+            change.link(edge.from_id, edge.to_id, edge.kind, edge.weight)

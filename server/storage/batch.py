@@ -3,6 +3,8 @@ that batch must still see to (see ``MemoryStore.write``)."""
 
 from __future__ import annotations
 
+import rocksdict
+
 from calor.server.events import EventRecord
 from calor.server.storage.heats import heat_bytes
 from calor.server.storage.keys import SEP, Keys
@@ -39,8 +41,9 @@ class PendingBatch:
     commit lock): events to number, quotes to index, traces of forgotten memories and
     dropped channels to scrub, and the key ranges whose old bytes must leave the disk."""
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, raw: rocksdict.WriteBatch) -> None:
         self.batch = batch  # opened by the store, the one module that opens batches
+        self.raw = raw  # what RocksDB writes: ``batch`` itself, or what it logs into
         self.events: list[EventRecord] = []
         self.quotes: list[Quote] = []
         self.added: set[tuple[str, str]] = set()

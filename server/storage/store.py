@@ -244,11 +244,22 @@ class MemoryStore:
 
         Events are numbered at commit, in order, and handed to the commit listeners.
         """
-        self._check_open()
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        held = PendingBatch(LoggedBatch(batch) if self._log is not None else batch)
+        held = self.open_batch()
         for change in changes:
             put_ops(held, change)
+        return self.write_batch(held)
+
+    def open_batch(self) -> PendingBatch:
+        """An empty write batch that change lists are added to (``put_ops``) before
+        :meth:`write_batch` commits it: a big batch can be said a part at a time."""
+        self._check_open()
+        raw = rocksdict.WriteBatch(raw_mode=True)
+        return PendingBatch(LoggedBatch(raw) if self._log is not None else raw, raw)
+
+    def write_batch(self, held: PendingBatch) -> list[EventRecord]:
+        """Commit a batch from :meth:`open_batch` as :meth:`write` does."""
+        self._check_open()
+        batch = held.raw
         size = batch.size_in_bytes()  # before the write consumes it
         with self._commit_lock:
             numbered, purging = self._finish(held)
