@@ -1,4 +1,4 @@
-"""The peers bench's report: ratios, issue 13's acceptance targets, and the table."""
+"""The peers bench's report: ratios, the acceptance targets (issue 36), and the table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 Json = dict[str, Any]
 
 KB_PER_MEMORY = 2.0
-KB_PER_MEMORY_STRETCH = 1.2
 INDEX_P50_MS = 20.0
 INDEX_RECALL = 0.95
 
@@ -41,7 +40,7 @@ def ratios(size: Json) -> Json:
 
 @dataclass(frozen=True)
 class Target:
-    """One acceptance line of issue 13: a figure, its bound, and which way it holds."""
+    """One acceptance line: a figure, its bound, and which way it holds."""
 
     name: str
     bound: float
@@ -61,10 +60,9 @@ class Target:
 
 TARGETS = (
     Target("ingest Calor / raw model", 0.9, False, lambda s, r: r["ingest_calor_over_raw"]),
-    Target("ingest Calor / ChromaDB", 1.2, False, lambda s, r: r["ingest_calor_over_chroma"]),
     Target(
         "peek p50 Calor / ChromaDB (embedding incl.)",
-        1.0,
+        1.25,
         True,
         lambda s, r: r["peek_p50_calor_over_chroma"],
     ),
@@ -72,18 +70,19 @@ TARGETS = (
     Target("Calor non-peek p50 / peek", 1.3, True, lambda s, r: r["calor_nonpeek_over_peek_p50"]),
     Target(
         "8-client recalls/s Calor / ChromaDB",
-        1.5,
+        1.0,
         False,
         lambda s, r: r["clients_calor_over_chroma"],
     ),
     Target(
-        "Calor RSS KB per memory beyond the model",
+        "Calor RSS KB per memory after ingest, indexed",
         KB_PER_MEMORY,
         True,
-        lambda s, r: s["calor"]["rss_kb_per_memory"],
+        lambda s, r: s["calor"].get("rss_kb_per_memory_indexed"),
     ),
-    Target("  stretch", KB_PER_MEMORY_STRETCH, True, lambda s, r: s["calor"]["rss_kb_per_memory"]),
 )
+"""Issue 36's acceptance lines (issue 13's, where they still stand, with its bounds);
+the RSS line is read at 100,000 memories, once the server has indexed what it took in."""
 
 
 def index_targets(index: Json) -> list[Json]:
@@ -208,6 +207,11 @@ def _size_rows(size: Json) -> list[str]:
             chroma["rss_kb_per_memory"],
         ),
         _row(
+            "RSS KB per memory once indexed (****)",
+            calor.get("rss_kb_per_memory_indexed"),
+            chroma["rss_kb_per_memory"],
+        ),
+        _row(
             "RSS KB per memory after a restart (***)",
             _per_memory(calor["rss_restarted_kb"], calor["rss_before_kb"], size["memories"]),
             _per_memory(start["rss_kb"], chroma["rss_before_kb"], size["memories"]),
@@ -284,7 +288,7 @@ def _index_lines(index: Json) -> list[str]:
 
 
 def _target_lines(report: Json) -> list[str]:
-    lines = ["Issue 13 acceptance targets (ok / MISS):"]
+    lines = ["Acceptance targets of issue 36 (ok / MISS):"]
     for verdict in report["targets"]:
         mark = "-" if verdict["ok"] is None else "ok" if verdict["ok"] else "MISS"
         lines.append(
@@ -326,6 +330,10 @@ def _corpus_lines(report: Json) -> list[str]:
     lines.append(
         "  (***) (RSS in a new process, the store opened, one query answered - RSS before "
         "ingest) / N: what loading the data costs, without ingest's leftovers"
+    )
+    lines.append(
+        "  (****) Calor: (RSS once the server has indexed the ingest (its HNSW graph built "
+        "past 20,000 memories) - RSS before) / N; ChromaDB indexes as it ingests: its after"
     )
     if corpus["generated_fallback"]:
         lines.append("  NOTE: LongMemEval ran short or is absent: GENERATED sentences fill in")

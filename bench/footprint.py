@@ -1,14 +1,16 @@
 """What a loaded memory costs the engine in memory, and how long a channel takes to load.
 
 One channel of N short memories (the peers bench's corpus, embedded by the server's
-model once and cached in ``bench/.cache/``) is written through ``MemoryEngine.store``
-into a RocksDB store; then a new process opens the store, loads the channel (its HNSW
+model once and cached in ``bench/.cache/``) is written through
+``MemoryEngine.store_all`` into a RocksDB store, in one batch as a ``StoreStream`` is
+(or ``--batch`` at a time), and the writing process's resident memory is read once the
+channel is indexed. Then a new process opens the store, loads the channel (its HNSW
 graph restored or built, as the server does) and reports its resident memory beyond
 what it held with the model loaded and the store open: per memory, as loaded, and
 after 200 non-peek recalls. In-process, no gRPC: the engine's own footprint.
 
 ```
-.venv/bin/python bench/footprint.py [--memories 100000] [--out DIR]
+.venv/bin/python bench/footprint.py [--memories 100000] [--batch N] [--out DIR]
 ```
 """
 
@@ -48,7 +50,7 @@ def resident_kb() -> int:
     raise RuntimeError("no RssAnon in /proc/self/status")
 
 
-def write_channel(data: Path, memories: int) -> tuple[list[str], float]:
+def write_channel(data: Path, memories: int, batch: int) -> tuple[list[str], float]:
     """The channel written to ``data``; returns the queries to recall with and the
     writing process's resident KB per memory once the ingest (and its graph) is done."""
     corpus = build_short_corpus(memories, RECALLS)
@@ -65,9 +67,10 @@ def write_channel(data: Path, memories: int) -> tuple[list[str], float]:
     store = MemoryStore.open(data, model_id=model.model_id, dim=model.dim, sync=False)
     engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
     before = resident_kb()
-    for start in range(0, memories, 256):
-        items = [NewMemory(channel=CHANNEL, text=t) for t in corpus.texts[start : start + 256]]
-        engine.store(items, vectors[start : start + 256])
+    batch = batch or memories
+    for start in range(0, memories, batch):
+        items = [NewMemory(channel=CHANNEL, text=t) for t in corpus.texts[start : start + batch]]
+        engine.store_all(items, vectors[start : start + batch])
     graphs = engine.channels.graphs
     while not graphs.idle():  # the graph built and saved, as a server would have it
         time.sleep(0.5)
@@ -108,6 +111,9 @@ def measure(data: Path, memories: int, queries: list[str]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--memories", type=int, default=100_000)
+    parser.add_argument(
+        "--batch", type=int, default=0, help="memories per store (default: all in one)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # the child's part
     args = parser.parse_args()
@@ -117,11 +123,12 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="calor-footprint-") as folder:
         data = Path(folder)
-        queries, ingested = write_channel(data, args.memories)
+        queries, ingested = write_channel(data, args.memories, args.batch)
         (data / "queries.json").write_text(json.dumps(queries))
         child = [sys.executable, __file__, "--memories", str(args.memories), "--measure", folder]
         result = json.loads(subprocess.run(child, check=True, capture_output=True).stdout)
         result["kb_per_memory_after_ingest"] = round(ingested, 2)
+        result["batch"] = args.batch or args.memories
     machine = machine_info()
     print(f"Footprint of one loaded channel ({machine['cpu']}, commit {machine['git_commit']})")
     print(f"  memories                          {result['memories']:>10,}")

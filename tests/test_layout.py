@@ -137,6 +137,6 @@ def test_only_the_one_write_path_commits_changes() -> None:
     writers = {
         p.relative_to(ROOT).as_posix()
         for p, text in _package_sources()
-        if re.search(r"\bstore\.write\(|self\._store\.write\(", text)
+        if re.search(r"\bstore\.write(_batch)?\(|self\._store\.write(_batch)?\(", text)
     }
     assert writers == {"server/engine/changes.py", "server/storage/consistency.py"}

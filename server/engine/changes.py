@@ -349,7 +349,8 @@ class Packed:
         links: list[tuple[str, str, str, float]],
     ) -> None:
         # Compact JSON escapes every newline inside a string: a bare one only separates.
-        stacked = np.stack(vectors) if vectors else np.empty((0, 0), dtype=np.float32)
+        # Half precision: what the index keeps of them (the store has them whole already).
+        stacked = np.stack(vectors).astype(np.float16) if vectors else np.empty((0, 0))
         self._slices.append((b"\n".join(records), stacked, json.dumps(links).encode()))
 
     def check_view(self) -> None:

@@ -36,7 +36,9 @@ _REBUILD_SHARE = 0.1  # tombstones, as a share of the graph, that call for a reb
 # or this share of the graph; past that the graph is built again from a new snapshot.
 _CATCH_UP = 2_000
 _CATCH_UP_SHARE = 0.05
+_BUILD_BLOCK = 16_384  # rows a build turns to float32 and adds to its graph at a time
 
+_F16 = npt.NDArray[np.float16]
 _F32 = npt.NDArray[np.float32]
 _I64 = npt.NDArray[np.int64]
 _U64 = npt.NDArray[np.uint64]
@@ -53,7 +55,7 @@ _FINGERPRINT_WEIGHTS = np.random.default_rng(0x6361_6C6F_72).integers(
 ) | np.uint64(1)
 
 
-def fingerprints(vectors: _F32) -> _U64:
+def fingerprints(vectors: _F32 | _F16) -> _U64:
     """A 64-bit hash of each row's bits at half precision, as exact search holds them:
     equal rows, equal prints (so a saved graph can tell which of its vectors changed
     without keeping them)."""
@@ -115,11 +117,13 @@ class GraphLinks:
 
 @dataclass
 class ApproximateBuild:
-    """An HNSW graph being built from a snapshot of a channel's vectors."""
+    """An HNSW graph being built from a snapshot of a channel's vectors, held at half
+    precision (as exact search holds them) and given to the graph a block at a time, so
+    a build holds no float32 copy of the whole channel."""
 
     dim: int
     labels: _I64
-    vectors: _F32
+    vectors: _F16
     graph: faiss.IndexIDMap2 | None = None
     prints: _U64 | None = None
     """The :func:`fingerprints` of the vectors as RocksDB holds them, row by row (taken
@@ -130,11 +134,17 @@ class ApproximateBuild:
         if self.prints is None:
             self.prints = fingerprints(self.vectors)
         index = _new_graph(self.dim)
-        index.train(self.vectors)
+        if self.vectors.shape[0]:
+            # The 8-bit ranges are each dimension's least and greatest value: trained on
+            # those two rows alone, the quantiser is the one all the rows would train.
+            bounds = np.stack([self.vectors.min(axis=0), self.vectors.max(axis=0)])
+            index.train(bounds.astype(np.float32))
         graph = faiss.IndexIDMap2(index)
-        graph.add_with_ids(self.vectors, self.labels)
+        for start in range(0, self.vectors.shape[0], _BUILD_BLOCK):
+            block = self.vectors[start : start + _BUILD_BLOCK].astype(np.float32)
+            graph.add_with_ids(block, self.labels[start : start + _BUILD_BLOCK])
         self.graph = graph
-        self.vectors = np.empty((0, self.dim), dtype=np.float32)  # the graph holds them
+        self.vectors = np.empty((0, self.dim), dtype=np.float16)  # the graph holds them
 
 
 @dataclass
@@ -267,7 +277,11 @@ class VectorIndex:
         self._building = True
         self._changed, self._removed = [], []
         prints = self._prints[labels] if self._approximate else None
-        return ApproximateBuild(self.dim, labels, self.reconstruct_batch(labels), prints=prints)
+        half = np.empty((labels.shape[0], self.dim), dtype=np.float16)
+        for start in range(0, labels.shape[0], _BUILD_BLOCK):
+            chosen = labels[start : start + _BUILD_BLOCK]
+            half[start : start + chosen.shape[0]] = self.reconstruct_batch(chosen)
+        return ApproximateBuild(self.dim, labels, half, prints=prints)
 
     def install(self, build: ApproximateBuild) -> bool:
         """Search through the built graph from now on, with what changed meanwhile; False
