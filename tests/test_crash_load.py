@@ -228,9 +228,13 @@ class Worker(threading.Thread):
         if memory_id is None:
             return
         request = pb.BoostRequest(channel=self.channel, id=memory_id, delta=0.1)
+        # The moment before the call: the server's heat in the reply is of a moment no
+        # earlier, so it decays from there at least as slowly as the check assumes (a
+        # moment taken after the reply was late by however long the reply took).
+        asked = time.time()
         reply = stub.Boost(request, timeout=CALL_TIMEOUT_S)
         with self.ledger.lock:
-            self.ledger.memories[memory_id].boosted = (reply.memory.heat, time.time())
+            self.ledger.memories[memory_id].boosted = (reply.memory.heat, asked)
             self.ledger.acked["boosted"] += 1
 
     def forget(self, stub: MemoryServiceStub) -> None:

@@ -257,6 +257,8 @@ class BulkWrite:
 
     def commit(self) -> list[Packed]:
         """Write the batch; what the views have yet to take in, in order."""
+        if not self._packed:
+            return []  # nothing was said: nothing to write
         deadline.check("the commit")  # a call whose deadline passed commits nothing
         for packed in self._packed:
             packed.check_view()
