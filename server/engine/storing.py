@@ -65,21 +65,25 @@ class StorePipeline:
         with self._locked(items):
             taken = list(items)
             items.clear()
-            parts, packed = self._write_in_parts(taken, vectors)
+            parts, repeats, packed = self._write_in_parts(taken, vectors)
+            ids = [""] * len(taken)
             del taken
             for change in packed:
                 change.apply()
-        ids = [""] * sum(len(positions) for positions, _ in parts)
         for positions, said in parts:
             for position, memory_id in zip(positions, said.split("\n"), strict=True):
                 ids[position] = memory_id
+        for position, first in repeats.items():
+            ids[position] = ids[first]
         return ids
 
     def _write_in_parts(
         self, items: list[NewMemory], vectors: np.ndarray
-    ) -> tuple[list[tuple[list[int], str]], list[Packed]]:
+    ) -> tuple[list[tuple[list[int], str]], dict[int, int], list[Packed]]:
         """Write the batch a part at a time (the caller holds the locks); each part's
-        positions with their ids (one string, a line each), and the packed changes."""
+        positions with their ids (one string, a line each), the items that repeat an
+        earlier item's idempotency key (position → that item's), and the packed
+        changes."""
         earlier, repeats, fresh = self._sort_out(items)
         parts = [([p], record.id) for p, record in earlier.items()]
         bulk = BulkWrite(self._store)
@@ -104,14 +108,7 @@ class StorePipeline:
             interactions = channel.state.interactions + len(positions)
             change.set_state(replace(channel.state, interactions=interactions))
             bulk.add(change)
-        packed = bulk.commit()
-        first_ids = {
-            p: memory_id
-            for positions, said in parts
-            for p, memory_id in zip(positions, said.split("\n"), strict=True)
-        }
-        parts += [([p], first_ids[first]) for p, first in repeats.items()]
-        return parts, packed
+        return parts, repeats, bulk.commit()
 
     @contextmanager
     def _locked(self, items: Sequence[NewMemory]) -> Iterator[None]:
