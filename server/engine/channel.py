@@ -42,7 +42,7 @@ from calor.server.storage.ops import (
     Unlink,
 )
 from calor.server.thermo.channel_state import ChannelState
-from calor.server.thermo.graph import Graph
+from calor.server.thermo.graph import UNMARKED, Graph, Slots
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, next_change_at
 from calor.server.thermo.policy import ChannelPolicy
 
@@ -114,8 +114,7 @@ class Channel:
     _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
 
     def __post_init__(self) -> None:
-        self.index = ChannelIndex(self.dim, self.approximate_above)
-        self.attic = ChannelIndex(self.dim, self.approximate_above)
+        self.index, self.attic = self._new_indexes()
         self.rejections = Rejections(self.name)
         self._schedule_set_at = self.clock.now()  # the curator's, when it never dreamt
 
@@ -174,6 +173,22 @@ class Channel:
     def conflicts_of(self, memory_id: str) -> list[tuple[str, str]]:
         """The open conflicts a memory is part of."""
         return [pair for pair in self.conflicts if memory_id in pair]
+
+    def places(self, slots: Slots) -> Slots:
+        """Where the memories in the given graph slots are indexed: ``label << 1`` in the
+        live index, ``label << 1 | 1`` in the attic, -1 in neither. Kept as the slots'
+        marks, so a walk over the graph (resonance) finds a memory's columns without
+        looking it up by id; a memory entering or leaving an index clears its mark."""
+        graph = self.graph
+        marks = graph.marks_at(slots)
+        unknown = np.flatnonzero(marks == UNMARKED)
+        if unknown.size:
+            ids = graph.ids_at(slots[unknown])
+            live, attic = self.index.labels(ids), self.attic.labels(ids)
+            found = np.where(live >= 0, live << 1, np.where(attic >= 0, attic << 1 | 1, -1))
+            graph.mark(slots[unknown], found)
+            marks[unknown] = found
+        return marks
 
     def needs_vector(self, record: MemoryRecord) -> bool:
         """Whether a changed record enters an index that holds no embedding of it yet."""
@@ -295,10 +310,9 @@ class Channel:
         self.dropped = True
         self.records.clear()
         self._ids.clear()
-        self.index = ChannelIndex(self.dim, self.approximate_above)
-        self.attic = ChannelIndex(self.dim, self.approximate_above)
-        self.rejections = Rejections(self.name)
         self.graph = Graph()
+        self.index, self.attic = self._new_indexes()
+        self.rejections = Rejections(self.name)
         self.entity_members.clear()
         self.last_in_session.clear()
         self.schedule.clear()
@@ -307,6 +321,16 @@ class Channel:
         self._touched.clear()  # nothing derived from before says what changed since
         self.revision += 1
         self.arrivals += 1
+
+    def _new_indexes(self) -> tuple[ChannelIndex, ChannelIndex]:
+        """An empty live index and attic, each telling the graph of the memories that
+        move in or out (see :meth:`places`). They hold the graph, not the view: the
+        registry tells a view nobody holds by its reference count."""
+        moved = self.graph.unmark
+        return (
+            ChannelIndex(self.dim, self.approximate_above, on_move=moved),
+            ChannelIndex(self.dim, self.approximate_above, on_move=moved),
+        )
 
     def _apply_to_channel(self, op: Operation) -> None:
         match op:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 
 import numpy as np
+import numpy.typing as npt
 
 from calor.server.engine.channel import Channel
 from calor.server.recall.columns import (
@@ -27,6 +27,7 @@ from calor.server.recall.columns import (
 from calor.server.recall.ranking import Hit, reaches
 from calor.server.records import ACTIVE, ARCHIVED, COLD, MemoryRecord
 from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.graph import Slots
 from calor.server.thermo.lifecycle import (
     Clocks,
     apply_gain,
@@ -36,7 +37,7 @@ from calor.server.thermo.lifecycle import (
     refresh_utility,
 )
 from calor.server.thermo.policy import ChannelPolicy
-from calor.server.thermo.resonance import Reach, Reached, resonance
+from calor.server.thermo.resonance import Reach, Reached, spread
 
 __all__ = ["RecallEffects", "heated", "recall_effects"]
 
@@ -78,12 +79,12 @@ def recall_effects(
         changed[record.id] = record
 
     recalled = {i: current_heat(r, policy, clocks) for i, r in changed.items()}
-    judge = partial(_judge, channel, policy=policy, clocks=clocks)
-    gains = resonance(channel.graph, recalled, judge, policy)
-    warmed, settled = _warmed(channel, gains, policy, clocks)
-    for memory_id, gain in gains.items():
-        if memory_id in settled:
-            continue
+    judge = _Judge(channel, policy, clocks)
+    slots, gains = spread(channel.graph, recalled, judge, policy)
+    warmed, simple = judge.warmed(slots, gains)
+    others = np.flatnonzero(~simple)
+    ids = channel.graph.ids_at(slots[others])
+    for memory_id, gain in zip(ids, gains[others].tolist(), strict=True):
         record = evolve(channel.records[memory_id].copy(), policy, clocks)
         if record.state != ARCHIVED and current_heat(record, policy, clocks) >= _NEAR_CAP:
             continue  # already at the cap: the gain would change nothing worth a write
@@ -94,65 +95,68 @@ def recall_effects(
     return RecallEffects(list(recalled), changed, warmed, state)
 
 
-def _warmed(
-    channel: Channel, gains: dict[str, float], policy: ChannelPolicy, clocks: Clocks
-) -> tuple[dict[str, float], set[str]]:
-    """Of the memories resonance reaches, those it only warms, in bulk from the live
-    index's columns: ACTIVE, staying ACTIVE, covered by the bulk formula. Returns their
-    heat after the gain, and every memory settled here (warmed, or at the cap already:
-    a gain would change nothing worth a write)."""
-    memory_ids = list(gains)
-    labels = channel.index.labels(memory_ids)
-    rows = np.flatnonzero(labels >= 0)
-    if not rows.size:
-        return {}, set()
-    batch = channel.index.columns.batch(labels[rows])
-    heats, states = heats_and_states(batch, policy, clocks)
-    simple = (batch.state == ACTIVE_CODE) & (states == ACTIVE_CODE)
-    simple &= ~needs_record(batch) & ~batch.superseded
-    rows, heats = rows[simple], heats[simple]
-    ids = [memory_ids[row] for row in rows.tolist()]
-    capped = heats >= _NEAR_CAP
-    gained = np.array([gains[memory_id] for memory_id in ids], dtype=np.float64)
-    after = np.clip(heats + gained, 0.0, 1.0)
-    warmed = {
-        memory_id: heat
-        for memory_id, heat, cap in zip(ids, after.tolist(), capped.tolist(), strict=True)
-        if not cap
-    }
-    return warmed, set(ids)
+class _Judge:
+    """What resonance needs of each memory it reaches, read in bulk from the columns of
+    the index that holds it (found by graph slot, :meth:`Channel.places`); a memory the
+    columns do not cover is judged from its record. Keeps what the columns said, so the
+    memories resonance only warms are settled without a second look (:meth:`warmed`)."""
 
+    def __init__(self, channel: Channel, policy: ChannelPolicy, clocks: Clocks) -> None:
+        self._channel = channel
+        self._policy = policy
+        self._clocks = clocks
+        self._seen: list[tuple[Slots, npt.NDArray[np.float64], npt.NDArray[np.bool_]]] = []
 
-def _judge(
-    channel: Channel, memory_ids: list[str], *, policy: ChannelPolicy, clocks: Clocks
-) -> Reached:
-    """What resonance needs of each memory, read in bulk from the columns of the index
-    that holds it; a memory the columns do not cover is judged from its record."""
-    count = len(memory_ids)
-    takes = np.zeros(count, dtype=bool)
-    heat = np.zeros(count)
-    archived = np.zeros(count, dtype=bool)
-    unjudged = np.ones(count, dtype=bool)
-    for index in (channel.index, channel.attic):
-        asked = np.flatnonzero(unjudged)
-        labels = index.labels([memory_ids[row] for row in asked.tolist()])
-        rows, labels = asked[labels >= 0], labels[labels >= 0]
-        if not rows.size:
-            continue
-        unjudged[rows] = False
-        batch = index.columns.batch(labels)
-        heats, states = heats_and_states(batch, policy, clocks)
-        by_record = needs_record(batch)
-        takes[rows] = ~batch.superseded & np.isin(states, _REACHABLE)
-        heat[rows] = heats
-        archived[rows] = states == ARCHIVED_CODE
-        unjudged[rows[by_record]] = True
-    for row in np.flatnonzero(unjudged).tolist():
-        found = _reach(channel.records.get(memory_ids[row]), policy, clocks)
-        takes[row] = found is not None
-        heat[row] = 0.0 if found is None else found.heat
-        archived[row] = found is not None and found.archived
-    return Reached(takes=takes, heat=heat, archived=archived)
+    def __call__(self, slots: Slots) -> Reached:
+        channel, policy, clocks = self._channel, self._policy, self._clocks
+        count = len(slots)
+        takes = np.zeros(count, dtype=bool)
+        heat = np.zeros(count)
+        archived = np.zeros(count, dtype=bool)
+        by_record = np.ones(count, dtype=bool)
+        simple = np.zeros(count, dtype=bool)
+        places = channel.places(slots)
+        for in_attic, index in ((0, channel.index), (1, channel.attic)):
+            rows = np.flatnonzero((places >= 0) & ((places & 1) == in_attic))
+            if not rows.size:
+                continue
+            batch = index.columns.batch(places[rows] >> 1)
+            heats, states = heats_and_states(batch, policy, clocks)
+            odd = needs_record(batch)
+            takes[rows] = ~batch.superseded & np.isin(states, _REACHABLE)
+            heat[rows] = heats
+            archived[rows] = states == ARCHIVED_CODE
+            by_record[rows] = odd
+            if not in_attic:  # ACTIVE and staying so: the bulk formula covers its gain
+                live = (batch.state == ACTIVE_CODE) & (states == ACTIVE_CODE)
+                simple[rows] = live & ~odd & ~batch.superseded
+        rows = np.flatnonzero(by_record)
+        for row, memory_id in zip(rows.tolist(), channel.graph.ids_at(slots[rows]), strict=True):
+            found = _reach(channel.records.get(memory_id), policy, clocks)
+            takes[row] = found is not None
+            heat[row] = 0.0 if found is None else found.heat
+            archived[row] = found is not None and found.archived
+        self._seen.append((slots, heat, simple))
+        return Reached(takes=takes, heat=heat, archived=archived)
+
+    def warmed(
+        self, slots: Slots, gains: npt.NDArray[np.float64]
+    ) -> tuple[dict[str, float], npt.NDArray[np.bool_]]:
+        """Of the memories resonance reaches (every one judged here), those it only
+        warms: ACTIVE, staying ACTIVE, covered by the bulk formula. Returns their heat
+        after the gain by id (none at the cap already: a gain would change nothing
+        worth a write), and which of ``slots`` are settled so."""
+        if not slots.size:
+            return {}, np.zeros(0, dtype=bool)
+        judged = np.concatenate([seen for seen, _, _ in self._seen])
+        order = np.argsort(judged)
+        rows = order[np.searchsorted(judged, slots, sorter=order)]
+        heats = np.concatenate([heat for _, heat, _ in self._seen])[rows]
+        simple = np.concatenate([flags for _, _, flags in self._seen])[rows]
+        warm = simple & (heats < _NEAR_CAP)
+        after = np.clip(heats[warm] + gains[warm], 0.0, 1.0)
+        ids = self._channel.graph.ids_at(slots[warm])
+        return dict(zip(ids, after.tolist(), strict=True)), simple
 
 
 def _reach(record: MemoryRecord | None, policy: ChannelPolicy, clocks: Clocks) -> Reach | None:

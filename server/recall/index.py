@@ -6,7 +6,7 @@ candidate found by either is the same memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 
 import faiss
@@ -34,8 +34,15 @@ class ChannelIndex:
     Not thread-safe: the caller holds the channel's lock around every call.
     """
 
-    def __init__(self, dim: int, approximate_above: int = APPROXIMATE_ABOVE) -> None:
+    def __init__(
+        self,
+        dim: int,
+        approximate_above: int = APPROXIMATE_ABOVE,
+        on_move: Callable[[str], None] | None = None,
+    ) -> None:
         self.dim = dim
+        self.on_move = on_move
+        """Told of each memory that enters or leaves the index (its label changes)."""
         self.vectors = VectorIndex(dim, approximate_above)
         """The embeddings (exact search, or an HNSW graph once the channel is large)."""
         self.lexical = LexicalIndex()
@@ -63,6 +70,8 @@ class ChannelIndex:
         self.vectors.add(labels, matrix)
         for label, record in zip(labels.tolist(), records, strict=True):
             self._label_of[record.id] = label
+            if self.on_move is not None:
+                self.on_move(record.id)
             self.lexical.add(label, record.text)
             self.columns.set(label, record)
 
@@ -93,6 +102,8 @@ class ChannelIndex:
         if label is None:
             return False
         self._id_at[label] = ""
+        if self.on_move is not None:
+            self.on_move(memory_id)
         self.vectors.remove(label)
         self.lexical.remove(label)
         return True

@@ -18,9 +18,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EDGE_KINDS", "Edge", "Graph", "Slots"]
+__all__ = ["EDGE_KINDS", "UNMARKED", "Edge", "Graph", "Slots"]
 
 Slots = npt.NDArray[np.int64]
+
+UNMARKED = -2
+"""The mark of a slot whose owner set none (see :meth:`Graph.marks_at`)."""
 
 EDGE_KINDS = (
     "semantic",
@@ -48,8 +51,10 @@ class Graph:
     """Adjacency of one channel's memories, packed: each linked memory has a slot, and a
     slot's links are two flat arrays (neighbour slot and kind in one integer; weight).
 
-    A memory without links holds no slot. Not thread-safe: the caller holds the
-    channel's lock.
+    A memory without links holds no slot. Each slot also carries a mark, an integer its
+    owner may set (where the memory sits in the owner's indexes, say) so that a walk
+    over slots reads it without looking the memory up by id; the mark is forgotten
+    when the slot changes hands. Not thread-safe: the caller holds the channel's lock.
     """
 
     def __init__(self) -> None:
@@ -61,6 +66,7 @@ class Graph:
         self._weights: list[array[float]] = []  # slot → weight of each entry of _ends
         self._kind_names: list[str] = []
         self._kind_codes: dict[str, int] = {}
+        self._marks = np.full(16, UNMARKED, dtype=np.int64)  # slot → its owner's mark
 
     def add(self, a: str, b: str, kind: str, weight: float) -> Edge:
         """Link two memories (a second link of the same kind keeps the larger weight)."""
@@ -138,6 +144,23 @@ class Graph:
         ends = self._ends
         return [np.frombuffer(ends[slot], dtype=np.uint32) >> _KIND_BITS for slot in slots.tolist()]
 
+    # --- marks: an integer per slot that the graph's owner keeps ----------------------
+
+    def marks_at(self, slots: Slots) -> Slots:
+        """The mark of each given slot, a held one (``UNMARKED`` where none is set)."""
+        return self._marks[slots]
+
+    def mark(self, slots: Slots, marks: Slots) -> None:
+        """Set the marks of held slots; each stays until its memory is unmarked (or
+        leaves the graph)."""
+        self._marks[slots] = marks
+
+    def unmark(self, memory_id: str) -> None:
+        """Forget the mark of a memory's slot, if it holds one."""
+        slot = self._slot_of.get(memory_id)
+        if slot is not None:
+            self._marks[slot] = UNMARKED
+
     def edges(self, memory_id: str) -> list[Edge]:
         """Every edge of a memory, as seen from it, in a stable order."""
         here = self._slot_of.get(memory_id)
@@ -206,6 +229,11 @@ class Graph:
             self._id_at.append(memory_id)
             self._ends.append(array("I"))
             self._weights.append(array("d"))
+            if slot == len(self._marks):
+                grown = np.full(2 * slot, UNMARKED, dtype=np.int64)
+                grown[:slot] = self._marks
+                self._marks = grown
+        self._marks[slot] = UNMARKED
         self._slot_of[memory_id] = slot
         return slot
 
@@ -222,6 +250,7 @@ class Graph:
     def _release(self, slot: int) -> None:
         del self._slot_of[self._id_at[slot]]
         self._id_at[slot] = ""
+        self._marks[slot] = UNMARKED
         self._ends[slot] = array("I")
         self._weights[slot] = array("d")
         self._free.append(slot)

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from calor.server.thermo.graph import Graph, Slots
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["Reach", "Reached", "one_by_one", "resonance"]
+__all__ = ["Judge", "Reach", "Reached", "SlotJudge", "one_by_one", "resonance", "spread"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Reached:
 
 
 Judge = Callable[[list[str]], Reached]
+"""Judges memories by id."""
+SlotJudge = Callable[[Slots], Reached]
+"""Judges memories by their graph slot."""
 
 
 def one_by_one(reach: Callable[[str], Reach | None]) -> Judge:
@@ -58,24 +61,34 @@ def one_by_one(reach: Callable[[str], Reach | None]) -> Judge:
 def resonance(
     graph: Graph, recalled: Mapping[str, float], judge: Judge, policy: ChannelPolicy
 ) -> dict[str, float]:
-    """The heat each neighbour of the recalled memories gains.
+    """The heat each neighbour of the recalled memories gains, by memory id: what
+    :func:`spread` walks, with a judge of memories by id."""
+    slots, gains = spread(graph, recalled, lambda asked: judge(graph.ids_at(asked)), policy)
+    return dict(zip(graph.ids_at(slots), gains.tolist(), strict=True))
+
+
+def spread(
+    graph: Graph, recalled: Mapping[str, float], judge: SlotJudge, policy: ChannelPolicy
+) -> tuple[Slots, npt.NDArray[np.float64]]:
+    """The heat each neighbour of the recalled memories gains: (slots, gains), by slot.
 
     A neighbour at hop h gains ``spread · H · damping^(h−1)``, where H is the recalled
     memory's heat after its bump. A memory reached by several paths takes its largest
     gain, once. Memories below the thermal gate neither receive nor pass heat, except
     that a memory in cold storage that is reached comes back (with its gain) whatever
     its heat; it passes heat on as any other memory at its heat would. ``judge`` is
-    asked once about each memory the spread reaches. Recalled memories gain nothing
-    here and pass nothing on as neighbours.
+    asked once about each memory the spread reaches, by its graph slot. Recalled
+    memories gain nothing here and pass nothing on as neighbours.
 
     The largest gain is the one over the fewest hops, so the spread is walked hop by
     hop for all recalled memories at once, each memory carrying the largest heat that
     reached it.
     """
+    nothing = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
     slots = graph.slots(recalled)
     sources = np.flatnonzero(slots >= 0)
     if not sources.size:
-        return {}
+        return nothing
     known = _Known(np.sort(slots[sources]))  # recalled memories take nothing
     carried = np.array(list(recalled.values()), dtype=np.float64)[sources]
     order = np.argsort(slots[sources])
@@ -91,19 +104,18 @@ def resonance(
         reached, heats = reached[order], heats[order]
         reached, firsts = np.unique(reached, return_index=True)
         heats = np.maximum.reduceat(heats, firsts) if reached.size else heats[:0]
-        takes, passes, receives = known.judged(reached, graph, judge, policy)
+        takes, passes, receives = known.judged(reached, judge, policy)
         found.append((reached[receives], heats[receives]))
         senders, sent = reached[passes], heats[passes] * policy.resonance_damping
     if not found:
-        return {}
+        return nothing
     gained = np.concatenate([slots for slots, _ in found])
     gains = np.concatenate([heats for _, heats in found])
     order = np.argsort(gained, kind="stable")
     gained, firsts = np.unique(gained[order], return_index=True)
     if not gained.size:
-        return {}
-    best = np.maximum.reduceat(gains[order], firsts)
-    return dict(zip(graph.ids_at(gained), best.tolist(), strict=True))
+        return nothing
+    return gained, np.maximum.reduceat(gains[order], firsts)
 
 
 class _Known:
@@ -116,13 +128,13 @@ class _Known:
         self.passes, self.receives = none, none
 
     def judged(
-        self, slots: Slots, graph: Graph, judge: Judge, policy: ChannelPolicy
+        self, slots: Slots, judge: SlotJudge, policy: ChannelPolicy
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """Whether each of the (sorted, distinct) slots takes, passes and receives heat;
         the judge is asked about those not judged before, in one batch."""
         fresh = slots[~np.isin(slots, self.slots, assume_unique=True)]
         if fresh.size:
-            said = judge(graph.ids_at(fresh))
+            said = judge(fresh)
             passes = said.takes & (said.heat >= policy.thermal_gate)
             receives = passes | (said.takes & said.archived)
             merged = np.concatenate([self.slots, fresh])
