@@ -13,7 +13,6 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -138,11 +137,13 @@ class Graph:
         """The memory held in each slot."""
         return list(map(self._id_at.__getitem__, slots.tolist()))
 
-    def links_at(self, slots: Slots) -> list[npt.NDArray[np.integer[Any]]]:
-        """The slots linked to each given slot, a held one (one linked by several kinds
-        comes once per kind)."""
-        ends = self._ends
-        return [np.frombuffer(ends[slot], dtype=np.uint32) >> _KIND_BITS for slot in slots.tolist()]
+    def links_at(self, slots: Slots) -> tuple[Slots, Slots]:
+        """The slots linked to the given held slots, all in one array (one linked by
+        several kinds comes once per kind), and how many of them each given slot has."""
+        picked = list(map(self._ends.__getitem__, slots.tolist()))
+        linked = np.frombuffer(b"".join(picked), dtype=np.uint32) >> _KIND_BITS
+        counts = np.fromiter(map(len, picked), dtype=np.int64, count=len(picked))
+        return linked.astype(np.int64), counts
 
     # --- marks: an integer per slot that the graph's owner keeps ----------------------
 

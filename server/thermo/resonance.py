@@ -95,11 +95,10 @@ def spread(
     senders, sent = slots[sources][order], policy.resonance_spread * carried[order]
     found: list[tuple[Slots, npt.NDArray[np.float64]]] = []
     for _ in range(policy.resonance_depth):
-        links = graph.links_at(senders)
-        if not links:
+        if not senders.size:
             break
-        reached = np.concatenate(links).astype(np.int64)
-        heats = np.repeat(sent, [len(linked) for linked in links])
+        reached, counts = graph.links_at(senders)
+        heats = np.repeat(sent, counts)
         order = np.argsort(reached, kind="stable")
         reached, heats = reached[order], heats[order]
         reached, firsts = np.unique(reached, return_index=True)
