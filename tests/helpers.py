@@ -99,12 +99,12 @@ class CrashAfter:
             put_ops(held, change)
         return self.write_batch(held)
 
-    def write_batch(self, held: PendingBatch) -> list[EventRecord]:
+    def write_batch(self, held: PendingBatch, *, synced: bool = True) -> list[EventRecord]:
         if self.budget <= 0:
             self.refused += 1
             raise OSError("injected crash")
         self.budget -= 1
-        return self._store.write_batch(held)
+        return self._store.write_batch(held, synced=synced)
 
 
 def trigger_rule(**fields: Any) -> TriggerRule:

@@ -13,7 +13,9 @@ its text), then the server is started again on the same data dir and questioned:
   forgotten, and no recall ever returns a forgotten memory;
 - a store or stream that was not answered is all there or not at all, and no text is
   stored twice;
-- an acknowledged boost's heat is still there (less only what time took);
+- an acknowledged boost's heat is still there (less only what time took), and an
+  acknowledged recall's counts (a recall's heat effects answer before the disk has them:
+  a crash of the server loses none);
 - a recall of each memory written in the round finds it (its index entry is there).
 
 ``make test`` runs 3 rounds; ``make soak`` 20 (``SOAK_ROUNDS``). The seed is printed
@@ -105,6 +107,7 @@ class Known:
     forgotten: bool = False
     forgetting: bool = False  # a forget sent and not answered
     boosted: tuple[float, float] | None = None  # heat an acknowledged boost answered, when
+    recalled: int = 0  # the recall count an acknowledged recall answered
     written: int = 0  # the round it was last stored or updated in
 
 
@@ -260,6 +263,13 @@ class Worker(threading.Thread):
         returned = gone & {hit.memory.id for hit in hits}
         if returned:
             self.ledger.fail(f"a recall returned forgotten memories {sorted(returned)}")
+        if not peek:  # what it answered of its memories' recalls must survive the kill
+            with self.ledger.lock:
+                for hit in hits:
+                    known = self.ledger.memories.get(hit.memory.id)
+                    if known is not None:
+                        known.recalled = max(known.recalled, hit.memory.recall_count)
+                self.ledger.acked["recalled"] += 1
 
     def dream(self, stub: MemoryServiceStub) -> None:
         stub.Dream(pb.DreamRequest(channel=self.channel), timeout=CALL_TIMEOUT_S)
@@ -372,6 +382,10 @@ def _check_memory(memory: memory_pb2.Memory, known: Known, verdict: Verdict, rou
         if "summarised_in" in memory.tags:
             floor *= 1.0 - SUMMARY_COOLING
         verdict.expect(memory.heat >= floor, f"{memory.id} lost its boost: {memory.heat} < {floor}")
+    verdict.expect(
+        memory.recall_count >= known.recalled,
+        f"{memory.id} lost recalls: {memory.recall_count} < {known.recalled} acknowledged",
+    )
 
 
 def check_store(

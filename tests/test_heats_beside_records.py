@@ -3,6 +3,7 @@ once the record is written whole, forgotten, or its channel dropped."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from calor.server.records import MemoryRecord
+from calor.server.storage.batch import put_ops
 from calor.server.storage.ops import (
     AddMemory,
     ChangeList,
@@ -75,3 +77,29 @@ def test_forgetting_or_dropping_the_channel_leaves_no_heat(store: MemoryStore) -
     assert [key for key, _ in store.heats(CHANNEL)] == [b"w:warm\x00b"]
     write(store, DropChannel())
     assert list(store.heats()) == [] and list(store.records()) == []
+
+
+def test_heats_written_without_waiting_for_the_disk_reach_it_moments_later(
+    tmp_path: Path,
+) -> None:
+    """A recall's heat effects answer before their fsync: the syncer does it moments
+    later, and a close syncs whatever still waits; reopened, the store holds them."""
+    store = MemoryStore.open(tmp_path, model_id="test", dim=DIM)
+    added(store, "a", "b")
+    held = store.open_batch()
+    put_ops(held, ChangeList(CHANNEL, [SetHeat(("a",), (0.7,), 50.0, 11)]))
+    store.write_batch(held, synced=False)
+    assert store.record(CHANNEL, "a").heat0 == 0.7  # type: ignore[union-attr]
+    deadline = time.monotonic() + 5
+    while store.syncing:
+        assert time.monotonic() < deadline, "the write-ahead log was never synced"
+        time.sleep(0.005)
+    held = store.open_batch()
+    put_ops(held, ChangeList(CHANNEL, [SetHeat(("b",), (0.8,), 60.0, 12)]))
+    store.write_batch(held, synced=False)
+    store.close()
+    reopened = MemoryStore.open(tmp_path, model_id="test", dim=DIM)
+    try:
+        assert {r.id: r.heat0 for r in reopened.records(CHANNEL)} == {"a": 0.7, "b": 0.8}
+    finally:
+        reopened.close()

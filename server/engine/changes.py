@@ -207,22 +207,25 @@ class Changes:
         self.ops.append(DropChannel())
 
 
-def commit(store: MemoryStore, changes: Sequence[Changes]) -> list[EventRecord]:
-    """Write changes as one atomic batch, then apply each to its channel's view.
+def commit(
+    store: MemoryStore, changes: Sequence[Changes], *, synced: bool = True
+) -> list[EventRecord]:
+    """Write changes as one atomic batch, then apply each to its channel's view (unless
+    ``synced``, without waiting for the disk: see ``MemoryStore.write_batch``).
 
     Returns the logged events, numbered. A changed memory that enters an index which
     holds no embedding of it (a ghost coming back) brings its stored embedding along.
     Nothing is written once the deadline of the call doing the work has passed
     (:mod:`calor.server.deadline`; DeadlineExceededError).
     """
-    events, unapplied = write(store, changes)
+    events, unapplied = write(store, changes, synced=synced)
     for change in unapplied:
         change.apply()
     return events
 
 
 def write(
-    store: MemoryStore, changes: Sequence[Changes]
+    store: MemoryStore, changes: Sequence[Changes], *, synced: bool = True
 ) -> tuple[list[EventRecord], list[Written]]:
     """The first half of :func:`commit`: write changes as one atomic batch; returns the
     logged events, numbered, and each change as its view still has to take it in (the
@@ -233,7 +236,7 @@ def write(
     held = store.open_batch()
     written = [_said(store, held, change) for change in changes]
     deadline.check("the commit")  # a call whose deadline passed commits nothing
-    return store.write_batch(held), written
+    return store.write_batch(held, synced=synced), written
 
 
 class BulkWrite:
@@ -397,13 +400,15 @@ def _replaced(change: Changes) -> dict[str, MemoryRecord]:
 
 
 @contextmanager
-def changing(store: MemoryStore, channel: Channel | None, name: str = "") -> Iterator[Changes]:
+def changing(
+    store: MemoryStore, channel: Channel | None, name: str = "", *, synced: bool = True
+) -> Iterator[Changes]:
     """Say one change to a channel in the block; it is committed when the block ends
-    without an error (nothing is written if nothing was said)."""
+    without an error (nothing is written if nothing was said; see :func:`commit`)."""
     change = Changes(channel.name if channel is not None else name, channel)
     yield change
     if change:
-        commit(store, [change])
+        commit(store, [change], synced=synced)
 
 
 def forgotten_with(channel: Channel, memory_ids: Iterable[str]) -> list[MemoryRecord]:

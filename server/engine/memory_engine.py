@@ -3,7 +3,8 @@
 Every method is synchronous and may block (RocksDB, FAISS); the servicers run them
 off the event loop. Every write is said to a change (:mod:`calor.server.engine.changes`),
 committed to RocksDB in one atomic batch, and only then applied to the channel's live
-view, so what a reader sees has always been made durable. Reads that need no engine
+view, so what a reader sees has always been written (and made durable: a recall's heat
+effects moments later, :mod:`calor.server.storage.wal_sync`). Reads that need no engine
 work (listing, status, conflicts) are the registry's, as ``engine.channels``.
 """
 
@@ -174,7 +175,8 @@ class MemoryEngine:
         multiplied, count raised) and their heat resonates to their neighbours: an
         unrelated hit that only fills ``limit`` is not rewarded (relevance before heat).
         The recall itself still warms the channel and counts as an interaction; all
-        made durable. ``min_band`` leaves out hits below that band.
+        written before it answers, and on disk moments later (``storage.wal_sync``).
+        ``min_band`` leaves out hits below that band.
         Every hit returned is logged, in the same batch, under a new recall id that
         feedback names (``recall_id``; empty for a peek, which logs nothing).
         A channel never written to is read as an empty one and stays unwritten (and
@@ -269,7 +271,9 @@ class MemoryEngine:
         clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
         with stage("heat effects"):
             effects = recall_effects(channel, heated(hits, policy), policy, clocks)
-        with stage("commit"), changing(self._store, channel) as change:
+        # Heat effects answer before the disk has them (synced within moments after:
+        # wal_sync.py); a crash of the server loses none of them.
+        with stage("commit"), changing(self._store, channel, synced=False) as change:
             for record in effects.changed.values():
                 change.put(record)
             change.set_heats(effects.warmed, clocks.now, clocks.interactions)

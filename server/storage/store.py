@@ -7,7 +7,8 @@ Keys are built by :class:`~calor.server.storage.keys.Keys` and parsed by the rea
 :class:`MemoryStore`; other modules name keys only through :class:`Keys`. Every write
 is a list of change lists (:mod:`calor.server.storage.ops`) committed by :meth:`MemoryStore.write`
 as one atomic RocksDB write batch; with ``sync`` on, the write-ahead log is fsynced
-before the write returns.
+before the write returns (a write that asks for less, a recall's heat effects, has it
+fsynced soon after: :mod:`calor.server.storage.wal_sync`).
 
 Forgetting leaves no text behind: a forgotten memory's record loses its text and its
 embedding key goes; every logged event about a memory that has a message, and every
@@ -65,6 +66,7 @@ from calor.server.storage.ops import (
     vector_from,
 )
 from calor.server.storage.trigger_keys import triggers_by_channel
+from calor.server.storage.wal_sync import WalSyncer
 
 __all__ = ["SCHEMA_VERSION", "Keys", "MemoryStore"]
 
@@ -122,6 +124,9 @@ class MemoryStore:
         self.dim = dim
         self._write_options = rocksdict.WriteOptions()
         self._write_options.sync = sync
+        self._soon_options = rocksdict.WriteOptions()  # synced soon after (wal_sync.py)
+        self._soon_options.sync = False
+        self._syncer = WalSyncer(lambda: self._db.flush_wal(True)) if sync else None
         self._closed = False
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
@@ -256,8 +261,10 @@ class MemoryStore:
         raw = rocksdict.WriteBatch(raw_mode=True)
         return PendingBatch(LoggedBatch(raw) if self._log is not None else raw, raw)
 
-    def write_batch(self, held: PendingBatch) -> list[EventRecord]:
-        """Commit a batch from :meth:`open_batch` as :meth:`write` does."""
+    def write_batch(self, held: PendingBatch, *, synced: bool = True) -> list[EventRecord]:
+        """Commit a batch from :meth:`open_batch` as :meth:`write` does. Unless
+        ``synced``, the write returns before its write-ahead log reaches the disk, which
+        it does soon after (:mod:`calor.server.storage.wal_sync`)."""
         self._check_open()
         batch = held.raw
         size = batch.size_in_bytes()  # before the write consumes it
@@ -266,10 +273,13 @@ class MemoryStore:
             position = self._logged(held.batch) if isinstance(held.batch, LoggedBatch) else None
             if position is not None:
                 batch.put(Keys.LOG_POSITION, str(position).encode())
+            options = self._write_options if synced else self._soon_options
             try:
-                self._db.write(batch, self._write_options)
+                self._db.write(batch, options)
             except Exception as error:  # rocksdict raises a bare Exception: "IO error: …"
                 raise _write_refused(error) from error
+            if not synced and self._syncer is not None:
+                self._syncer.soon()
             self._purging = purging
             if position is not None:
                 self.log_position = position
@@ -726,8 +736,15 @@ class MemoryStore:
         if self._closed:
             raise UnavailableError("the store is closed: the server is shutting down")
 
+    @property
+    def syncing(self) -> bool:
+        """Whether a write that did not wait for the disk waits for its sync still."""
+        return self._syncer is not None and self._syncer.pending
+
     def close(self) -> None:
-        """Flush and close RocksDB; later calls raise UnavailableError."""
+        """Sync, flush and close RocksDB; later calls raise UnavailableError."""
+        if self._syncer is not None:
+            self._syncer.close()
         with self._purge_lock, self._lock:
             if not self._closed:
                 self._closed = True
