@@ -202,7 +202,12 @@ class TriggerEngine:
                 await self._run(self._save_cursor, self._cursor)
 
     def _save_cursor(self, seq: int) -> None:
-        self._memories.log(extra=[PutKey(Keys.CURSOR, _cursor_value(seq, ()))])
+        """Note the events handled, up to ``seq``. A firing moved the cursor past its own
+        event in its batch, on disk before it answered; this is the advance past the
+        events that fired nothing since, so it does not wait for the disk (synced
+        moments later: a power cut in that moment hands them to the rules again)."""
+        cursor = PutKey(Keys.CURSOR, _cursor_value(seq, ()))
+        self._memories.log(extra=[cursor], synced=False)
         self._trim(seq)
 
     def _trim(self, cursor: int) -> None:

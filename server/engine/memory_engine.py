@@ -359,13 +359,14 @@ class MemoryEngine:
         with live.lock:
             return live.current(self._get(live, memory_id)), live.graph.edges(memory_id)
 
-    def log(self, *events: EventRecord, extra: Bookkeeping = ()) -> None:
+    def log(self, *events: EventRecord, extra: Bookkeeping = (), synced: bool = True) -> None:
         """Append events that change no memory (notifications, webhook outcomes).
 
         ``extra`` adds the caller's own writes (a trigger's cursor and bookkeeping) to
-        the same atomic batch, so both are durable or neither is.
+        the same atomic batch, so both are durable or neither is; unless ``synced``,
+        on disk moments after this returns (``storage.wal_sync``).
         """
-        with changing(self._store, None) as change:
+        with changing(self._store, None, synced=synced) as change:
             change.log(*events)
             change.keep(extra)
 
