@@ -77,8 +77,10 @@ def spread(
     gain, once. Memories below the thermal gate neither receive nor pass heat, except
     that a memory in cold storage that is reached comes back (with its gain) whatever
     its heat; it passes heat on as any other memory at its heat would. ``judge`` is
-    asked once about each memory the spread reaches, by its graph slot. Recalled
-    memories gain nothing here and pass nothing on as neighbours.
+    asked about memories by their graph slot, once each and in as few batches as the
+    walk allows: a hop's memories together with their own neighbours (the next hop's,
+    whichever of them pass), so a spread of depth 2 asks once. Recalled memories gain
+    nothing here and pass nothing on as neighbours.
 
     The largest gain is the one over the fewest hops, so the spread is walked hop by
     hop for all recalled memories at once, each memory carrying the largest heat that
@@ -94,7 +96,7 @@ def spread(
     order = np.argsort(slots[sources])
     senders, sent = slots[sources][order], policy.resonance_spread * carried[order]
     found: list[tuple[Slots, npt.NDArray[np.float64]]] = []
-    for _ in range(policy.resonance_depth):
+    for hop in range(1, policy.resonance_depth + 1):
         if not senders.size:
             break
         reached, counts = graph.links_at(senders)
@@ -103,7 +105,11 @@ def spread(
         reached, heats = reached[order], heats[order]
         reached, firsts = np.unique(reached, return_index=True)
         heats = np.maximum.reduceat(heats, firsts) if reached.size else heats[:0]
-        takes, passes, receives = known.judged(reached, judge, policy)
+        if hop < policy.resonance_depth:  # the next hop's memories are asked about now
+            known.learn(np.union1d(reached, graph.links_at(reached)[0]), judge, policy)
+        else:
+            known.learn(reached, judge, policy)
+        passes, receives = known.verdicts(reached)
         found.append((reached[receives], heats[receives]))
         senders, sent = reached[passes], heats[passes] * policy.resonance_damping
     if not found:
@@ -119,28 +125,29 @@ def spread(
 
 class _Known:
     """The memories judged so far in one spread, by slot (sorted), with what the judge
-    said of each: whether it takes heat, passes it on, and receives it."""
+    said of each: whether it passes heat on, and whether it receives it."""
 
     def __init__(self, recalled: Slots) -> None:
         self.slots = recalled
         none = np.zeros(len(recalled), dtype=bool)
         self.passes, self.receives = none, none
 
-    def judged(
-        self, slots: Slots, judge: SlotJudge, policy: ChannelPolicy
-    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-        """Whether each of the (sorted, distinct) slots takes, passes and receives heat;
-        the judge is asked about those not judged before, in one batch."""
+    def learn(self, slots: Slots, judge: SlotJudge, policy: ChannelPolicy) -> None:
+        """Ask the judge, in one batch, about those of the (sorted, distinct) slots not
+        judged before."""
         fresh = slots[~np.isin(slots, self.slots, assume_unique=True)]
-        if fresh.size:
-            said = judge(fresh)
-            passes = said.takes & (said.heat >= policy.thermal_gate)
-            receives = passes | (said.takes & said.archived)
-            merged = np.concatenate([self.slots, fresh])
-            order = np.argsort(merged, kind="stable")
-            self.slots = merged[order]
-            self.passes = np.concatenate([self.passes, passes])[order]
-            self.receives = np.concatenate([self.receives, receives])[order]
+        if not fresh.size:
+            return
+        said = judge(fresh)
+        passes = said.takes & (said.heat >= policy.thermal_gate)
+        receives = passes | (said.takes & said.archived)
+        merged = np.concatenate([self.slots, fresh])
+        order = np.argsort(merged, kind="stable")
+        self.slots = merged[order]
+        self.passes = np.concatenate([self.passes, passes])[order]
+        self.receives = np.concatenate([self.receives, receives])[order]
+
+    def verdicts(self, slots: Slots) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """Whether each of the given judged slots passes heat on, and receives it."""
         rows = np.searchsorted(self.slots, slots)
-        passes, receives = self.passes[rows], self.receives[rows]
-        return passes | receives, passes, receives
+        return self.passes[rows], self.receives[rows]
