@@ -114,9 +114,20 @@ class Node:
                     raise AssertionError(f"no answer in {within} s:\n{tail}") from error
                 time.sleep(0.1)
 
-    def store(self, text: str, channel: str = CHANNEL) -> str:
+    def store(self, text: str, channel: str = CHANNEL, *, within: float = 0.0) -> str:
+        """Store through this node; for ``within`` seconds, an answer that no node owns the
+        store right now (UNAVAILABLE, before anything is written: call again) is called
+        again."""
         request = pb.StoreRequest(channel=channel, text=text)
-        return str(self.stub.Store(request, timeout=TIMEOUT).memory.id)
+        started = time.monotonic()
+        while True:
+            try:
+                return str(self.stub.Store(request, timeout=TIMEOUT).memory.id)
+            except grpc.RpcError as error:
+                ownerless = "has no owner right now" in (error.details() or "")  # type: ignore[attr-defined]
+                if not ownerless or time.monotonic() - started > within:
+                    raise
+                time.sleep(0.1)
 
     def texts(self, timeout: float = TIMEOUT) -> dict[str, str]:
         """Every live memory of the channel: id -> text."""
