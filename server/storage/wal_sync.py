@@ -50,11 +50,6 @@ class WalSyncer:
             self._asked += 1
             self._changed.notify_all()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until no write waits for its sync; False if ``timeout`` passed first."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._synced >= self._asked, timeout)
-
     def close(self) -> None:
         """Sync what waits, and stop the thread."""
         with self._changed:
