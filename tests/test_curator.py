@@ -251,3 +251,28 @@ def test_a_type_an_older_classifier_inferred_is_classified_again_in_a_dream(
     # A type given later is the caller's: never classified again.
     updated = stub.Update(pb.UpdateRequest(channel="new", id=inferred.id, memory_type=FACT))
     assert updated.memory.classifier_version == 0
+
+
+def test_a_source_boosted_while_its_episode_is_embedded_is_cooled_as_of_then(
+    manual_server: tuple[ServerThread, ManualClock, MemoryServiceStub], embedder: OnnxEmbedder
+) -> None:
+    """A dream embeds its episodes without the channel's lock; a source boosted meanwhile
+    (a minute later, by the clock) keeps half the heat it had when it was cooled, not
+    half of a heat dated back to when the dream began."""
+    server, clock, stub = manual_server
+    sources = _trip(stub, "travel", TRIP, clock.now() - 3 * HOUR)
+    engine = server.server.runtime.engine
+    boosted: list[float] = []
+
+    def embed_then_boost(texts: list[str]) -> np.ndarray:
+        vectors = embedder.embed_passages(texts)
+        if not boosted:
+            clock.advance(60)
+            boosted.append(engine.boost("travel", sources[0], -0.3).heat)
+        return vectors
+
+    engine.use_model(embed_then_boost)
+    assert stub.Dream(pb.DreamRequest(channel="travel")).summarised == 1
+    after = stub.Inspect(pb.InspectRequest(channel="travel", id=sources[0])).memory
+    assert after.tags["summarised_in"]
+    assert after.heat == pytest.approx(boosted[0] / 2, rel=1e-9)

@@ -391,6 +391,9 @@ class Dreamer:
             items = [curator.summary_item(channel, found[i], texts[i]) for i in keep]
             summaries, change = self._storing.derived(channel, items, vectors[keep])
             share = policy.dreams.episode_cooling
+            # Cooled as of now: a source boosted or recalled while the episodes were
+            # embedded holds a later moment than the dream began at.
+            clocks = channel.clocks()
             for summary, i in zip(summaries, keep, strict=True):
                 for source in found[i].sources:
                     change.link(summary.id, source, "summary", 1.0)
