@@ -3,6 +3,9 @@ once the record is written whole, forgotten, or its channel dropped."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -101,5 +104,52 @@ def test_heats_written_without_waiting_for_the_disk_reach_it_moments_later(
     reopened = MemoryStore.open(tmp_path, model_id="test", dim=DIM)
     try:
         assert {r.id: r.heat0 for r in reopened.records(CHANNEL)} == {"a": 0.7, "b": 0.8}
+    finally:
+        reopened.close()
+
+
+_NEVER_CLOSED = textwrap.dedent(
+    """
+    import sys
+    import time
+    from pathlib import Path
+    import numpy as np
+    from calor.server.records import MemoryRecord
+    from calor.server.storage.batch import put_ops
+    from calor.server.storage.ops import AddMemory, ChangeList, SetHeat
+    from calor.server.storage.store import MemoryStore
+
+    store = MemoryStore.open(Path(sys.argv[1]), model_id="test", dim=8)
+    record = MemoryRecord(
+        id="a", channel="warm", text="a", memory_type="episodic",
+        created_at=1.0, updated_at=1.0, heat0=0.4, t0=1.0,
+    )
+    store.write([ChangeList("warm", [AddMemory(record, np.ones(8, dtype=np.float32))])])
+    syncer = store._syncer
+    sync = syncer._sync
+    syncer._sync = lambda: [sync() for _ in range(2000)]  # a long fsync
+    syncer._within = 0.0
+    held = store.open_batch()
+    put_ops(held, ChangeList("warm", [SetHeat(("a",), (0.7,), 50.0, 11)]))
+    store.write_batch(held, synced=False)
+    time.sleep(0.05)  # the syncer is inside it now; the program ends
+    """
+)
+
+
+def test_a_process_that_never_closes_its_store_ends_cleanly_its_writes_kept(
+    tmp_path: Path,
+) -> None:
+    """A program that exits while the store's syncer is inside the log's fsync ends
+    normally (the syncer is closed at exit, not stopped in the fsync: that aborted the
+    process), and what it wrote is there when the store is opened again."""
+    run = subprocess.run(
+        [sys.executable, "-c", _NEVER_CLOSED, str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (run.returncode, run.stderr) == (0, "")
+    reopened = MemoryStore.open(tmp_path, model_id="test", dim=DIM)
+    try:
+        assert {r.id: r.heat0 for r in reopened.records(CHANNEL)} == {"a": 0.7}
     finally:
         reopened.close()

@@ -11,6 +11,7 @@ itself, those before it included.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -37,6 +38,10 @@ class WalSyncer:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="calor-wal-sync", daemon=True)
         self._thread.start()
+        # A daemon thread stopped by the interpreter's exit inside the log's fsync aborts
+        # the process ("FATAL: exception not rethrown"): a store never closed is closed
+        # here first, its waiting writes synced.
+        atexit.register(self.close)
 
     @property
     def pending(self) -> bool:
@@ -52,6 +57,7 @@ class WalSyncer:
 
     def close(self) -> None:
         """Sync what waits, and stop the thread."""
+        atexit.unregister(self.close)
         with self._changed:
             self._closed = True
             self._changed.notify_all()
