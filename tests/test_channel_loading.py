@@ -9,13 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from calor.client import CalorClient
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import SystemClock
 from calor.server.commands import NewMemory, RecallQuery
 from calor.server.config import ServerConfig
+from calor.server.engine import registry
 from calor.server.engine.memory_engine import MemoryEngine
 from calor.server.engine.registry import BYTES_PER_MEMORY
+from calor.server.storage.ops import ChangeList, StageVector
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.policy import ChannelPolicy
 from tests.conftest import ServerThread
@@ -114,3 +118,34 @@ def test_under_a_memory_budget_the_least_recently_used_channels_are_unloaded(
         assert {h.record.text for h in hits} == set(texts["a"])
         again = registry.find("a")
         assert again is not None and again.revision > revision, "derived caches see a new view"
+
+
+def test_a_channel_loaded_a_few_records_at_a_time_is_whole_and_drops_orphans(
+    embedder: OnnxEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel is read back a chunk of records at a time, each chunk's embeddings found
+    beside it: every memory is found by its own words, and embeddings without a record
+    (a bulk store cut short), before, between and after the records, are dropped."""
+    monkeypatch.setattr(registry, "_LOAD_CHUNK", 3)
+    words = "oak pine birch cedar maple walnut ash elm teak larch spruce".split()
+    notes = [f"Crate {i} of the {word} shipment left the harbour." for i, word in enumerate(words)]
+    store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
+    engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+    items = [NewMemory(channel="c", text=text) for text in notes]
+    ids = sorted(s.record.id for s in engine.store(items, embedder.embed_passages(notes)))
+    orphans = ["0", ids[4] + "0", ids[7] + "0", "~"]  # in key order among the ids
+    spare = embedder.embed_passages(["an embedding whose record never came"])[0]
+    store.write([ChangeList("c", [StageVector(o, spare) for o in orphans])])
+    store.close()
+
+    store = MemoryStore.open(tmp_path, model_id=embedder.model_id, dim=embedder.dim)
+    try:
+        engine = MemoryEngine.open(store, SystemClock(), ChannelPolicy())
+        for text in notes:
+            query = RecallQuery(channel="c", query=text, limit=1, peek=True)
+            hits = engine.recall(query, embedder.embed_query(text)).hits
+            assert [hit.record.text for hit in hits] == [text]
+        kept = sorted(memory_id for name, memory_id, _ in store.vectors() if name == "c")
+        assert kept == ids
+    finally:
+        store.close()

@@ -226,12 +226,16 @@ class Channel:
         """Take in the stored edges, (a, b, kind, weight), each once."""
         self.graph.load(edges)
 
-    def index_all(self, entries: Sequence[tuple[MemoryRecord, np.ndarray]]) -> None:
-        """Index stored memories with their embeddings, each where its state puts it."""
+    def index_all(
+        self, entries: Sequence[tuple[MemoryRecord, np.ndarray]], *, noting: bool = True
+    ) -> None:
+        """Index stored memories with their embeddings, each where its state puts it;
+        ``noting=False`` while more are coming (then :meth:`note_size` once)."""
         for record, _ in entries:
             self._schedule(record)
         self._index_new(list(entries))
-        self._note_size()
+        if noting:
+            self.note_size()
 
     # --- the one way the view changes --------------------------------------------
 
@@ -270,7 +274,7 @@ class Channel:
         self._index_new(new)
         self._touched.append(tuple(touched))
         self._note_owed_sweep()
-        self._note_size()
+        self.note_size()
         self.revision += 1
 
     def _change_memory(
@@ -288,7 +292,7 @@ class Channel:
         else:
             self._forget(op.record, replacing)
 
-    def _note_size(self) -> None:
+    def note_size(self) -> None:
         """An index grew past exact search (or holds too many tombstones), or its graph
         grew much since it was saved: ask for a graph built, or saved again."""
         if self.on_large is None:

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import islice
 
 import numpy as np
 
@@ -41,6 +42,7 @@ compressed vector (3.7 KB measured at 100,000 short memories), and its full reco
 while kept (a small channel keeps all of them; see ``states.RECORDS_CACHED``)."""
 # How long the background warm-up waits for calls in flight before each channel it loads
 # (so it still moves on under constant load), and how often it looks.
+_LOAD_CHUNK = 2_048  # records a load decodes and indexes at a time
 _HOTTEST_SHOWN = 5  # the hottest memories a channel's status shows
 _YIELD_SECONDS = 0.1
 _YIELD_STEP = 0.002
@@ -171,32 +173,51 @@ class ChannelRegistry:
         if state is not None:
             said.ops.append(SetState(ChannelState.from_json(state)))
         view.apply(said)
-        loaded: dict[str, MemoryRecord] = {}  # every record, while the view is built
-        for record in self._store.records(name):
-            view.remember(record)
-            loaded[record.id] = record
-        view.link_all(edge[1:] for edge in self._store.edges(name))
-        said = ChangeList(name)
-        for _, a, b, reason in self._store.conflicts(name):
-            said.ops.append(OpenConflict(a, b, reason))
-        said.ops.extend(PutKey(key, value) for key, value in self._store.rejections(name))
-        view.apply(said)
-        entries: list[tuple[MemoryRecord, np.ndarray]] = []
         orphans = Changes(name)
-        for _, memory_id, vector in self._store.vectors(name):
-            known = loaded.get(memory_id)
-            if known is not None:
-                entries.append((known, vector))
-            elif self._store.record(name, memory_id) is None:
-                orphans.drop_vector(memory_id)  # its record was never written: a crash
-        commit(self._store, [orphans])
+        vectors = self._store.vectors(name)  # in id order, as the records are
+        waiting = next(vectors, None)
+        loaded = 0
         with view.lock:  # a graph build the indexing asks for waits for the saved graphs
-            view.index_all(entries)
+            # A chunk at a time: the records decoded for one are let go before the next,
+            # so the heap does not hold a channel's worth of them among what stays.
+            records = self._store.records(name)
+            while chunk := list(islice(records, _LOAD_CHUNK)):
+                known: dict[str, MemoryRecord] = {}
+                for record in chunk:
+                    view.remember(record)
+                    known[record.id] = record
+                entries: list[tuple[MemoryRecord, np.ndarray]] = []
+                last = chunk[-1].id
+                while waiting is not None and waiting[1] <= last:
+                    found = known.get(waiting[1])
+                    if found is not None:
+                        entries.append((found, waiting[2]))
+                    else:
+                        self._orphan(orphans, name, waiting[1])
+                    waiting = next(vectors, None)
+                view.index_all(entries, noting=False)
+                loaded += len(chunk)
+            while waiting is not None:
+                self._orphan(orphans, name, waiting[1])
+                waiting = next(vectors, None)
+            view.link_all(edge[1:] for edge in self._store.edges(name))
+            said = ChangeList(name)
+            for _, a, b, reason in self._store.conflicts(name):
+                said.ops.append(OpenConflict(a, b, reason))
+            said.ops.extend(PutKey(key, value) for key, value in self._store.rejections(name))
+            view.apply(said)
+            commit(self._store, [orphans])
+            view.note_size()
             self.graphs.restore(view)
-        if len(loaded) >= BULK_ITEMS:
-            del loaded, entries
+        if loaded >= BULK_ITEMS:
             release()  # the records decoded on the way, most of them no longer kept
         return view
+
+    def _orphan(self, orphans: Changes, name: str, memory_id: str) -> None:
+        """An embedding without a record: dropped if it was written ahead by a bulk
+        store whose records never were (a crash)."""
+        if self._store.record(name, memory_id) is None:
+            orphans.drop_vector(memory_id)
 
     def channel(self, name: str) -> Channel:
         """A channel's view, made empty if it does not exist yet: for writes only, which
