@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import pickle
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import overload
 
 from calor.models.entities import entity_key, extract_entities, read_entities
 from calor.models.text import classify_type
@@ -13,6 +16,7 @@ from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
 __all__ = [
     "ListQuery",
     "NewMemory",
+    "PackedItems",
     "RecallQuery",
     "TagFilter",
     "TextReading",
@@ -66,6 +70,62 @@ class NewMemory:
     def read(self) -> NewMemory:
         """This item with its text read (see :func:`read_text`)."""
         return replace(self, reading=read_text(self.text, self.memory_type))
+
+
+class PackedItems(Sequence[NewMemory]):
+    """Many items to store, held compactly while more arrive: each chunk of them as one
+    pickled string, decoded again when read (the chunk read last is kept decoded).
+
+    A stream of 100,000 items held as objects until it is stored (about 1 KB each) fills
+    the small-object heap; what the store then keeps lands among them, and once they
+    are gone the heap cannot give back the pages it pins (measured through a server:
+    1.4 KB a memory of empty pools).
+    """
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._ends: list[int] = []  # how many items the chunks up to each one hold
+        self._decoded: tuple[int, list[NewMemory]] = (-1, [])
+
+    @staticmethod
+    def pack(items: Sequence[NewMemory]) -> bytes:
+        """One chunk's items as :meth:`add` takes them."""
+        return pickle.dumps(list(items), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def add(self, packed: bytes, count: int) -> None:
+        """Append a chunk of ``count`` items packed by :meth:`pack`."""
+        if count:
+            self._chunks.append(packed)
+            self._ends.append(len(self) + count)
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @overload
+    def __getitem__(self, index: int) -> NewMemory: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[NewMemory]: ...
+
+    def __getitem__(self, index: int | slice) -> NewMemory | list[NewMemory]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"item {index} of {len(self)}")
+        chunk = bisect.bisect_right(self._ends, index)
+        start = self._ends[chunk - 1] if chunk else 0
+        return self._chunk(chunk)[index - start]
+
+    def __iter__(self) -> Iterator[NewMemory]:
+        for chunk in range(len(self._chunks)):
+            yield from self._chunk(chunk)
+
+    def _chunk(self, chunk: int) -> list[NewMemory]:
+        if self._decoded[0] != chunk:
+            self._decoded = (chunk, pickle.loads(self._chunks[chunk]))
+        return self._decoded[1]
 
 
 @dataclass(frozen=True)

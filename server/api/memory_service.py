@@ -36,7 +36,7 @@ from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import settings_message
 from calor.server.api.wire import decode_page_token, encode_page_token
-from calor.server.commands import ListQuery, NewMemory
+from calor.server.commands import ListQuery, NewMemory, PackedItems
 from calor.server.embedding import BatchEmbedding
 from calor.server.engine.dream import DREAM_STEPS
 from calor.server.engine.feedback import feedback_summary
@@ -114,38 +114,44 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
 
     async def _receive(
         self, requests: AsyncIterator[pb.StoreStreamRequest], progress: WriteProgress
-    ) -> tuple[list[NewMemory], np.ndarray]:
+    ) -> tuple[PackedItems, np.ndarray]:
         limits = self._rt.config.limits
-        items: list[NewMemory] = []
+        received = PackedItems()
+        chunk: list[NewMemory] = []  # the items of the chunk arriving
+        count = 0
         batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch, progress.embedded_more)
-        # Each full chunk's texts are read (type, entities, valence) on a store thread
-        # while the model embeds and later items arrive: less is left for the store.
-        read_ahead: list[asyncio.Future[list[NewMemory]]] = []
+        # Each full chunk's texts are read (type, entities, valence) and the chunk packed
+        # on a store thread while the model embeds and later items arrive: less is left
+        # for the store, and the items are not held as objects (see PackedItems).
+        read_ahead: list[asyncio.Future[bytes]] = []
         try:
             async for request in requests:
-                if len(items) >= limits.max_stream_items:
+                if count >= limits.max_stream_items:
                     raise InvalidArgumentError(
                         f"StoreStream: more than {limits.max_stream_items} items in one stream"
                     )
                 try:
                     item = self._rt.validator.store(request.store)
                 except InvalidArgumentError as error:
-                    raise InvalidArgumentError(f"item {len(items)}: {error.message}") from None
-                if not items:
+                    raise InvalidArgumentError(f"item {count}: {error.message}") from None
+                if not count:
                     token = progress_token(request.progress_token)
                     self._progress.track(item.channel, token, progress)
-                items.append(item)
+                chunk.append(item)
+                count += 1
                 progress.received += 1
                 batch.add([item.text])
-                if len(items) % limits.max_stream_batch == 0:
-                    chunk = items[-limits.max_stream_batch :]
-                    read_ahead.append(asyncio.ensure_future(self._rt.run(_read_all, chunk)))
-            if not items:
+                if len(chunk) == limits.max_stream_batch:
+                    read_ahead.append(asyncio.ensure_future(self._rt.run(_read_packed, chunk)))
+                    chunk = []
+            if not count:
                 raise InvalidArgumentError("StoreStream: the stream held no items")
-            progress.total, progress.phase = len(items), "embedding"
+            progress.total, progress.phase = count, "embedding"
             vectors = await batch.vectors()
-            read = [item for chunk in read_ahead for item in await chunk]
-            return read + items[len(read) :], vectors
+            for reading in read_ahead:
+                received.add(await reading, limits.max_stream_batch)
+            received.add(PackedItems.pack(chunk), len(chunk))  # read when stored
+            return received, vectors
         finally:
             batch.cancel()
             for reading in read_ahead:
@@ -574,6 +580,7 @@ def _progress_message(progress: WriteProgress) -> pb.ProgressResponse:
     )
 
 
-def _read_all(items: list[NewMemory]) -> list[NewMemory]:
-    """The items with their texts read (``NewMemory.read``)."""
-    return [item.read() for item in items]
+def _read_packed(items: list[NewMemory]) -> bytes:
+    """The items with their texts read (``NewMemory.read``), packed (see
+    :class:`PackedItems`)."""
+    return PackedItems.pack([item.read() for item in items])

@@ -152,9 +152,9 @@ class MemoryEngine:
         """Store memories (with their embeddings, one row each) in one atomic batch."""
         return self._storing.store(items, vectors)
 
-    def store_all(self, items: list[NewMemory], vectors: np.ndarray) -> list[str]:
+    def store_all(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[str]:
         """Store a big batch in one atomic batch as :meth:`store` does, answering only
-        the ids, in item order; ``items`` is emptied as it is taken in (see
+        the ids, in item order; ``items``, a list, is emptied as it is taken in (see
         :meth:`StorePipeline.store_all`)."""
         return self._storing.store_all(items, vectors)
 

@@ -38,7 +38,7 @@ __all__ = ["BYTES_PER_MEMORY", "ChannelRegistry", "estimated_bytes"]
 
 BYTES_PER_MEMORY = 4 * 1024
 """What a loaded memory costs the server, about: its id, state, words, links, columns and
-compressed vector (3.7 KB measured at 100,000 short memories), and its full record
+compressed vector (2.2 KB measured at 100,000 short memories), and its full record
 while kept (a small channel keeps all of them; see ``states.RECORDS_CACHED``)."""
 # How long the background warm-up waits for calls in flight before each channel it loads
 # (so it still moves on under constant load), and how often it looks.

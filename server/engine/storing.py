@@ -53,18 +53,22 @@ class StorePipeline:
                 change.apply()
             return [self._as_stored(r) for r in results]
 
-    def store_all(self, items: list[NewMemory], vectors: np.ndarray) -> list[str]:
+    def store_all(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[str]:
         """:meth:`store` for a big batch whose caller needs only the ids (in item order).
 
-        ``items`` is emptied as it is taken in. The batch is built and said a part at a
-        time into one write batch (see :class:`~calor.server.engine.changes.BulkWrite`),
-        later parts linking to earlier ones as one batch's items do, and the views take
-        it in a slice at a time: the objects of the whole batch are never alive at once,
-        so what the views keep is not scattered over its heap.
+        ``items``, a list, is emptied as it is taken in; a big stream hands them packed
+        (:class:`~calor.server.commands.PackedItems`), read a part at a time. The batch
+        is built and said a part at a time into one write batch (see
+        :class:`~calor.server.engine.changes.BulkWrite`), later parts linking to earlier
+        ones as one batch's items do, and the views take it in a slice at a time: the
+        objects of the whole batch are never alive at once, so what the views keep is
+        not scattered over its heap.
         """
         with self._locked(items):
-            taken = list(items)
-            items.clear()
+            taken = items
+            if isinstance(items, list):
+                taken = list(items)
+                items.clear()
             parts, repeats, packed = self._write_in_parts(taken, vectors)
             ids = [""] * len(taken)
             del taken
@@ -78,7 +82,7 @@ class StorePipeline:
         return ids
 
     def _write_in_parts(
-        self, items: list[NewMemory], vectors: np.ndarray
+        self, items: Sequence[NewMemory], vectors: np.ndarray
     ) -> tuple[list[tuple[list[int], str]], dict[int, int], list[Packed]]:
         """Write the batch a part at a time (the caller holds the locks); each part's
         positions with their ids (one string, a line each), the items that repeat an
