@@ -112,9 +112,10 @@ def test_a_bulk_said_in_parts_makes_the_view_one_batch_makes(
         for i, text in enumerate(texts)
     ]
     vectors = embedder.embed_passages([item.text for item in items])
-    engines = []
+    engines, stores = [], []
     for name in ("whole", "slices"):
         store = MemoryStore.open(tmp_path / name, model_id=embedder.model_id, dim=embedder.dim)
+        stores.append(store)
         engines.append(MemoryEngine.open(store, ManualClock(1_800_000_000.0), ChannelPolicy()))
     for engine in engines:  # elders that the bulk's near-repeats confirm
         engine.store(items[:40], vectors[:40])
@@ -137,3 +138,10 @@ def test_a_bulk_said_in_parts_makes_the_view_one_batch_makes(
     found = [[h.record.text for h in e.recall(query, vector).hits] for e in engines]
     assert found[0] == found[1] and found[0]
     assert len(stored) == len(ids)
+    stores[1].close()  # what the store holds, read back, is what the view held
+    reopened = MemoryStore.open(tmp_path / "slices", model_id=embedder.model_id, dim=embedder.dim)
+    try:
+        again = MemoryEngine.open(reopened, ManualClock(1_800_000_000.0), ChannelPolicy())
+        assert _view(again) == sliced
+    finally:
+        reopened.close()

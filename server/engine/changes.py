@@ -161,6 +161,11 @@ class Changes:
         self.ops.append(Link(a, b, kind, weight))
         return Edge(a, b, kind, weight)
 
+    def forget_links(self) -> None:
+        """Stop remembering the links said so far, for a caller that links none of those
+        pairs again in this change (so no later link has to keep a larger weight)."""
+        self._links = {}
+
     def unlink(self, edge: Edge) -> None:
         """Drop an edge."""
         low, high = conflict_pair(edge.from_id, edge.to_id)

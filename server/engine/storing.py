@@ -3,11 +3,13 @@ atomic batch, then admitted to the channels' live views (DESIGN §4)."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 
 from calor.server.clock import Clock
 from calor.server.commands import NewMemory
@@ -83,13 +85,13 @@ class StorePipeline:
 
     def _write_in_parts(
         self, items: Sequence[NewMemory], vectors: np.ndarray
-    ) -> tuple[list[tuple[list[int], str]], dict[int, int], list[Packed]]:
+    ) -> tuple[list[tuple[Sequence[int], str]], dict[int, int], list[Packed]]:
         """Write the batch a part at a time (the caller holds the locks); each part's
         positions with their ids (one string, a line each), the items that repeat an
         earlier item's idempotency key (position → that item's), and the packed
         changes."""
         earlier, repeats, fresh = self._sort_out(items)
-        parts = [([p], record.id) for p, record in earlier.items()]
+        parts: list[tuple[Sequence[int], str]] = [([p], r.id) for p, r in earlier.items()]
         bulk = BulkWrite(self._store)
         for name, positions in fresh.items():
             channel = self._reg.channel(name)
@@ -101,11 +103,15 @@ class StorePipeline:
             confirms: set[str] = set()
             for start in range(0, len(positions), _PART):
                 chosen = positions[start : start + _PART]
-                ingested = builder.build([items[p] for p in chosen], vectors[chosen])
+                ingested = builder.build([items[p] for p in chosen], vectors[_rows(chosen)])
                 self._write_vectors_ahead([(name, entry) for entry in ingested])
                 _say_new(change, ingested, now, staged=True)
                 confirms.update(c for entry in ingested for c in entry.confirms)
                 bulk.add(change)
+                # A new memory's links are made with it, to memories before it: no later
+                # part links these pairs again. Remembered to the end, 100,000 memories'
+                # links (about 8 each) pinned some 90 MB of heap among the parts' objects.
+                change.forget_links()
                 parts.append((chosen, "\n".join(entry.record.id for entry in ingested)))
             for record in self._confirmed(channel, confirms, now):
                 change.put(record)
@@ -141,7 +147,7 @@ class StorePipeline:
             results[position] = Stored(record, False)
         prepared = {
             name: self._prepare(
-                self._reg.channel(name), [items[p] for p in positions], vectors[positions]
+                self._reg.channel(name), [items[p] for p in positions], vectors[_rows(positions)]
             )
             for name, positions in fresh.items()
         }
@@ -164,13 +170,16 @@ class StorePipeline:
 
     def _sort_out(
         self, items: Sequence[NewMemory]
-    ) -> tuple[dict[int, MemoryRecord], dict[int, int], dict[str, list[int]]]:
+    ) -> tuple[dict[int, MemoryRecord], dict[int, int], dict[str, array[int]]]:
         """Which items an earlier store made already (by idempotency key: position →
         that memory), which repeat the key of an earlier item of the batch (position →
         that item's), and the positions of the others, to store, by channel."""
         earlier: dict[int, MemoryRecord] = {}
         repeats: dict[int, int] = {}
-        fresh: dict[str, list[int]] = {}
+        # Positions packed, not as int objects: held through a big store, 100,000 of
+        # them would pin the heap's pages that the store's passing objects came and went
+        # from.
+        fresh: dict[str, array[int]] = {}
         seen: dict[tuple[str, str], int] = {}
         for position, item in enumerate(items):
             key = (item.channel, item.idempotency_key)
@@ -182,7 +191,7 @@ class StorePipeline:
             else:
                 if item.idempotency_key:
                     seen[key] = position
-                fresh.setdefault(item.channel, []).append(position)
+                fresh.setdefault(item.channel, array("q")).append(position)
         return earlier, repeats, fresh
 
     def derived(
@@ -258,3 +267,8 @@ def _say_new(change: Changes, ingested: list[Ingested], at: float, staged: bool)
         change.log(memory_event("on_store", entry.record, at, entry.record.heat0))
         for edge in entry.edges:
             change.link(edge.from_id, edge.to_id, edge.kind, edge.weight)
+
+
+def _rows(positions: array[int]) -> npt.NDArray[np.int64]:
+    """Packed positions as an index into the batch's rows (no copy)."""
+    return np.frombuffer(positions, dtype=np.int64)
