@@ -96,22 +96,26 @@ def spread(
     order = np.argsort(slots[sources])
     senders, sent = slots[sources][order], policy.resonance_spread * carried[order]
     found: list[tuple[Slots, npt.NDArray[np.float64]]] = []
+    links = graph.links_at(senders)  # the senders' links, and how many each has
     for hop in range(1, policy.resonance_depth + 1):
         if not senders.size:
             break
-        reached, counts = graph.links_at(senders)
+        reached, counts = links
         heats = np.repeat(sent, counts)
         order = np.argsort(reached, kind="stable")
         reached, heats = reached[order], heats[order]
         reached, firsts = np.unique(reached, return_index=True)
         heats = np.maximum.reduceat(heats, firsts) if reached.size else heats[:0]
         if hop < policy.resonance_depth:  # the next hop's memories are asked about now
-            known.learn(np.union1d(reached, graph.links_at(reached)[0]), judge, policy)
+            ahead, ahead_counts = graph.links_at(reached)
+            known.learn(np.union1d(reached, ahead), judge, policy)
         else:
             known.learn(reached, judge, policy)
         passes, receives = known.verdicts(reached)
         found.append((reached[receives], heats[receives]))
         senders, sent = reached[passes], heats[passes] * policy.resonance_damping
+        if hop < policy.resonance_depth:  # the next senders' links, looked up already
+            links = ahead[np.repeat(passes, ahead_counts)], ahead_counts[passes]
     if not found:
         return nothing
     gained = np.concatenate([slots for slots, _ in found])
