@@ -101,7 +101,7 @@ def run_clients(open_client: ClientFactory, clients: int, seconds: float) -> Jso
 
 def load_embedder() -> Any:
     """The embedder the server itself loads (``calor.server.embedding.load_model``), with
-    the server's default intra-op threads."""
+    the server's default passage runs (side by side, one thread each)."""
     from calor.server.config import ServerConfig
     from calor.server.embedding import load_model
 

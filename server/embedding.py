@@ -2,8 +2,9 @@
 
 Queries have their own lane, a model thread of their own: a recall never waits behind
 ingest work, and the queries waiting when that thread comes free are embedded together.
-Ingest texts run on a second thread in chunks that take about ``chunk_seconds`` on this
-machine (measured as the model runs). Each ingest batch (a ``StoreStream``, an
+Ingest texts run in chunks that take about ``chunk_seconds`` on this machine (measured
+as the model runs), ``ingest_runs`` chunks in flight at once, so the model's threads
+never wait for the next chunk to be handed over. Each ingest batch (a ``StoreStream``, an
 ``Import``, one ``Store``) is a lane of its own, and lanes take turns a chunk at a
 time, so one client's 20,000 items cannot hold back another client's ten, and a
 client that goes away stops costing model time after the chunk in flight.
@@ -98,7 +99,7 @@ class IngestLane:
 
 
 class EmbeddingQueue:
-    """Embeds queries and passages for many callers, each kind on its own model thread."""
+    """Embeds queries and passages for many callers, each kind on model threads of its own."""
 
     def __init__(
         self,
@@ -106,15 +107,17 @@ class EmbeddingQueue:
         max_batch: int = 64,
         chunk_seconds: float = 0.15,
         query_cache: int = QUERY_CACHE,
+        ingest_runs: int = 2,
     ) -> None:
         self.embedder = embedder
+        self._ingest_runs = ingest_runs
         self._cached: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = query_cache
         self._max_batch = max_batch
         self._chunk_seconds = chunk_seconds
         self._seconds_per_char: float | None = None
         self._query_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calor-query")
-        self._ingest_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calor-model")
+        self._ingest_thread = ThreadPoolExecutor(ingest_runs, thread_name_prefix="calor-model")
         self._queries: deque[_Job] = deque()
         self._lanes: OrderedDict[Hashable, deque[_Job]] = OrderedDict()
         self._query_ready: asyncio.Event | None = None
@@ -136,7 +139,10 @@ class EmbeddingQueue:
         self._start()
         job = _Job(list(texts), asyncio.get_running_loop().create_future())
         key = lane.key if lane is not None else IngestLane().key
-        self._lanes.setdefault(key, deque()).append(job)
+        if key not in self._lanes:  # a lane that has had no turn yet is served next
+            self._lanes[key] = deque()
+            self._lanes.move_to_end(key, last=False)
+        self._lanes[key].append(job)
         assert self._ingest_ready is not None
         self._ingest_ready.set()
         return await job.future
@@ -178,9 +184,12 @@ class EmbeddingQueue:
                 self._work(self._query_ready, self._take_queries, self._query_thread, True),
                 name="calor-embed-queries",
             ),
-            asyncio.create_task(
-                self._work(self._ingest_ready, self._take_chunk, self._ingest_thread, False),
-                name="calor-embed-ingest",
+            *(
+                asyncio.create_task(
+                    self._work(self._ingest_ready, self._take_chunk, self._ingest_thread, False),
+                    name="calor-embed-ingest",
+                )
+                for _ in range(self._ingest_runs)
             ),
         ]
 

@@ -42,12 +42,20 @@ class RecordingEmbedder:
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
+        self._inside = 0
+        self.most_inside = 0  # the most passage calls inside the model at once
+        self._count = threading.Lock()
 
     def _vectors(self, kind: str, texts: Sequence[str]) -> np.ndarray:
         self.calls.append((kind, list(texts)))
         if kind == "passages":
+            with self._count:
+                self._inside += 1
+                self.most_inside = max(self.most_inside, self._inside)
             self.entered.set()
             self.gate.wait(10)
+            with self._count:
+                self._inside -= 1
         out = np.zeros((len(texts), DIM), dtype=np.float32)
         out[:, 0] = [float(t.split("-")[-1]) for t in texts]
         return out
@@ -102,8 +110,9 @@ async def test_batches_take_turns_a_chunk_at_a_time() -> None:
     model.gate.set()
     await asyncio.gather(first, second)
     owners = ["".join(sorted({t[0] for t in batch})) for _, batch in model.calls]
-    # The small batch joins the turn order behind the big one and is served on its
-    # first turn (the third call), not after the big one's 20 texts.
+    # Two chunks of the big batch are in flight when the small one arrives; a batch
+    # that has had no turn yet is served next (the third call), not after the big
+    # one's 20 texts.
     assert owners[:3] == ["a", "a", "b"], owners
     assert owners[3:] == ["a"] * (len(owners) - 3)
     await queue.close()
@@ -123,6 +132,23 @@ async def test_each_caller_gets_its_own_rows_in_order() -> None:
 
 
 @synchronously
+async def test_ingest_keeps_its_runs_in_flight_and_answers_in_order() -> None:
+    """Two ingest runs are inside the model at once (the model's threads never wait
+    for the next chunk to be handed over); the rows still come back in order."""
+    model = RecordingEmbedder()
+    queue = EmbeddingQueue(model, max_batch=3, ingest_runs=2)
+    model.gate.clear()
+    job = asyncio.ensure_future(queue.passages(texts("n", 12), IngestLane()))
+    while model.most_inside < 2:
+        await asyncio.sleep(0.001)
+    assert len([call for call in model.calls if call[0] == "passages"]) == 2
+    model.gate.set()
+    assert (await job)[:, 0].tolist() == list(range(12))
+    assert model.most_inside == 2
+    await queue.close()
+
+
+@synchronously
 async def test_chunks_shrink_to_the_time_budget_once_the_model_is_measured() -> None:
     model = RecordingEmbedder()
     queue = EmbeddingQueue(model, max_batch=64, chunk_seconds=1e-9)
@@ -136,7 +162,7 @@ async def test_chunks_shrink_to_the_time_budget_once_the_model_is_measured() -> 
 @synchronously
 async def test_a_batch_whose_caller_left_is_not_embedded() -> None:
     model = RecordingEmbedder()
-    queue = EmbeddingQueue(model, max_batch=2)
+    queue = EmbeddingQueue(model, max_batch=2, ingest_runs=2)
     model.gate.clear()
     batch = BatchEmbedding(queue, chunk=2)
     batch.add(texts("gone", 10))
@@ -147,7 +173,8 @@ async def test_a_batch_whose_caller_left_is_not_embedded() -> None:
     kept = await queue.passages(texts("kept", 2))
     assert kept[:, 0].tolist() == [0.0, 1.0]
     embedded = [t for _, call in model.calls for t in call]
-    assert len([t for t in embedded if t.startswith("gone")]) <= 2  # the chunk in flight
+    # The two chunks in flight (two ingest runs, two texts each), and nothing after them.
+    assert len([t for t in embedded if t.startswith("gone")]) <= 4
     await queue.close()
 
 

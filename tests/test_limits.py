@@ -254,11 +254,15 @@ class GatedEmbedder:
 
 @pytest.fixture(scope="module")
 def gated(embedder: OnnxEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A server of one worker thread (so work runs in the order it is queued) whose
-    model the test can hold."""
+    """A server of one worker thread (so work runs in the order it is queued) and one
+    ingest run at a time (so a held chunk holds the model) whose model the test can hold."""
     model = GatedEmbedder(embedder)
     config = ServerConfig(
-        data_dir=tmp_path_factory.mktemp("calor-deadlines"), host="127.0.0.1", port=0, workers=1
+        data_dir=tmp_path_factory.mktemp("calor-deadlines"),
+        host="127.0.0.1",
+        port=0,
+        workers=1,
+        model_threads=1,
     )
     server = ServerThread(config, SystemClock(), lambda: model)  # type: ignore[arg-type, return-value]
     server.model = model  # type: ignore[attr-defined]
