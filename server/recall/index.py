@@ -143,8 +143,9 @@ class ChannelIndex:
         return labels[0][keep], sims[0][keep]
 
     def search_many(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` nearest memories of each query row: (similarities, labels); label -1 pads."""
-        return self.vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        """The ``k`` nearest memories of each query row, to link to: (similarities,
+        labels); label -1 pads."""
+        return self.vectors.neighbours(np.ascontiguousarray(queries, dtype=np.float32), k)
 
     def vector(self, memory_id: str) -> np.ndarray | None:
         """The indexed embedding of a memory."""
@@ -188,7 +189,7 @@ class ScratchIndex:
 
     def search(self, queries: np.ndarray, k: int) -> list[list[tuple[float, str]]]:
         """The ``k`` nearest earlier items of each query row, as (similarity, id)."""
-        sims, rows = self._vectors.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        sims, rows = self._vectors.neighbours(np.ascontiguousarray(queries, dtype=np.float32), k)
         return [
             [(float(s), self._ids[r]) for s, r in zip(sim_row, id_row, strict=True) if r >= 0]
             for sim_row, id_row in zip(sims, rows, strict=True)

@@ -31,6 +31,11 @@ __all__ = ["APPROXIMATE_ABOVE", "ApproximateBuild", "GraphLinks", "VectorIndex",
 _LINKS = 32  # HNSW M: neighbours per node
 _BUILD_BREADTH = 80  # efConstruction
 _SEARCH_BREADTH = 128  # least efSearch; at least twice k is used
+# Least efSearch when a few neighbours are looked for to link to (a store, a share, a
+# dream): in a graph of 60,000 short memories, 64 finds 0.992 of the exact nine nearest
+# against 0.993 at 128, in 0.6 of the time (0.10 against 0.16 ms a query); narrower
+# loses more in dense clusters of near ties (32: 0.92 of the ten nearest in the tests').
+_NEIGHBOUR_BREADTH = 64
 _REBUILD_SHARE = 0.1  # tombstones, as a share of the graph, that call for a rebuild
 # Arrivals during a build that are caught up under the channel's lock: at most this many,
 # or this share of the graph; past that the graph is built again from a new snapshot.
@@ -228,9 +233,17 @@ class VectorIndex:
                 return np.asarray(sims[0][order[position]], dtype=np.float32)
         return np.asarray(self.reconstruct_batch(labels) @ query.reshape(-1), dtype=np.float32)
 
-    def search(self, queries: _F32, k: int) -> tuple[_F32, _I64]:
+    def neighbours(self, queries: _F32, k: int) -> tuple[_F32, _I64]:
+        """:meth:`search` for a few neighbours to link to: through a graph, a narrower
+        search, as good for a handful of nearest (a recall looks much deeper)."""
+        return self.search(queries, k, least_breadth=_NEIGHBOUR_BREADTH)
+
+    def search(
+        self, queries: _F32, k: int, *, least_breadth: int = _SEARCH_BREADTH
+    ) -> tuple[_F32, _I64]:
         """The ``k`` nearest held vectors of each query row: (similarities, labels),
-        best first; label -1 pads a row that found fewer."""
+        best first; label -1 pads a row that found fewer. Through a graph, at least
+        ``least_breadth`` candidates are visited (and twice ``k``)."""
         k = min(k, self._live)
         rows = queries.shape[0]
         if k <= 0 or rows == 0:
@@ -242,7 +255,7 @@ class VectorIndex:
         # k is nearly always enough, and the search widens when it is not.
         wanted = min(k + min(len(self._tombstones), k), self._index.ntotal)
         while True:
-            breadth = max(_SEARCH_BREADTH, 2 * wanted)
+            breadth = max(least_breadth, 2 * wanted)
             params = faiss.SearchParametersHNSW(efSearch=breadth)  # type: ignore[attr-defined]
             sims, labels = self._index.search(queries, wanted, params=params)
             keep = labels >= 0
