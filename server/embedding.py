@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -345,6 +345,12 @@ class BatchEmbedding:
         while len(self._waiting) >= self._chunk:
             self._send(self._waiting[: self._chunk])
             del self._waiting[: self._chunk]
+
+    @property
+    def sent(self) -> Sequence[asyncio.Future[np.ndarray]]:
+        """The vectors of each chunk sent to the model so far, in order (a full chunk
+        is sent as soon as its last text is added)."""
+        return self._pending
 
     def _send(self, texts: list[str]) -> None:
         part = asyncio.ensure_future(self._queue.passages(texts, self._lane))

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from calor.client import CalorClient
 from calor.models.embedder import OnnxEmbedder
+from calor.server.api import stream_store
 from calor.server.clock import SystemClock
 from calor.server.config import ServerConfig
 from tests.conftest import ServerThread
@@ -20,9 +23,12 @@ KINDS = [
 ]
 
 
+@pytest.mark.parametrize("staged_part", [stream_store.STAGED_PART, 256])
 def test_a_streamed_batch_reads_like_texts_stored_one_by_one(
-    embedder: OnnxEmbedder, tmp_path: Path
+    embedder: OnnxEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staged_part: int
 ) -> None:
+    # Staged a part at a time as the stream arrives (parts of 256), or whole at its end.
+    monkeypatch.setattr(stream_store, "STAGED_PART", staged_part)
     texts = [KINDS[i % len(KINDS)].format(i=i) for i in range(600)]  # 2 chunks read ahead
     config = ServerConfig(data_dir=tmp_path, host="127.0.0.1", port=0)
     server = ServerThread(config, SystemClock(), lambda: embedder)

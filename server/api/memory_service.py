@@ -35,6 +35,7 @@ from calor.server.api.routing import GATHERED, query_vector
 from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import settings_message
+from calor.server.api.stream_store import StreamStore
 from calor.server.api.wire import decode_page_token, encode_page_token
 from calor.server.commands import ListQuery, NewMemory, PackedItems
 from calor.server.embedding import BatchEmbedding
@@ -97,23 +98,33 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def StoreStream(
         self, request_iterator: AsyncIterator[pb.StoreStreamRequest], context: _Context
     ) -> pb.StoreStreamResponse:
-        """All or nothing: items are validated and embedded as they arrive, then stored
-        together in one atomic batch, so a bad item leaves the channel unchanged."""
+        """All or nothing: items are validated and embedded as they arrive, and built into
+        one batch a part at a time meanwhile; the batch is written in one atomic write
+        once the last item is in, so a bad item leaves the channel unchanged."""
         progress = WriteProgress()
+        engine = self._rt.engine
+        stream = StreamStore(self._rt.run, engine.staged(), engine.store_all)
         try:
-            items, vectors = await self._receive(request_iterator, progress)
+            items, vectors = await self._receive(request_iterator, progress, stream)
             progress.phase = "storing"
-            ids = await self._rt.run(self._rt.engine.store_all, items, vectors)
+            ids = await stream.finish(items, vectors)
         except CalorError as error:
+            stream.abandon()
             progress.end("failed")
             await abort_with(context, error)
             raise  # unreachable: abort raises
+        except BaseException:
+            stream.abandon()
+            raise
         progress.stored = len(ids)
         progress.end("done")
         return pb.StoreStreamResponse(ids=ids)
 
     async def _receive(
-        self, requests: AsyncIterator[pb.StoreStreamRequest], progress: WriteProgress
+        self,
+        requests: AsyncIterator[pb.StoreStreamRequest],
+        progress: WriteProgress,
+        stream: StreamStore,
     ) -> tuple[PackedItems, np.ndarray]:
         limits = self._rt.config.limits
         received = PackedItems()
@@ -122,7 +133,8 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         batch = BatchEmbedding(self._rt.embeddings, limits.max_stream_batch, progress.embedded_more)
         # Each full chunk's texts are read (type, entities, valence) and the chunk packed
         # on a store thread while the model embeds and later items arrive: less is left
-        # for the store, and the items are not held as objects (see PackedItems).
+        # for the store, and the items are not held as objects (see PackedItems). Read
+        # and embedded, the chunk goes on to be built into the batch (see StreamStore).
         read_ahead: list[asyncio.Future[bytes]] = []
         try:
             async for request in requests:
@@ -143,6 +155,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
                 batch.add([item.text])
                 if len(chunk) == limits.max_stream_batch:
                     read_ahead.append(asyncio.ensure_future(self._rt.run(_read_packed, chunk)))
+                    stream.chunk(read_ahead[-1], batch.sent[-1], len(chunk))
                     chunk = []
             if not count:
                 raise InvalidArgumentError("StoreStream: the stream held no items")

@@ -43,7 +43,7 @@ from calor.server.engine.rejections import rejection
 from calor.server.engine.results import Current, RecallResult, Stored
 from calor.server.engine.settling import mark_superseded, settle_conflicts
 from calor.server.engine.share import shared_copy
-from calor.server.engine.storing import StorePipeline
+from calor.server.engine.storing import StagedStore, StorePipeline
 from calor.server.engine.transfer import Transfer
 from calor.server.engine.tuning import TuneReport
 from calor.server.errors import (
@@ -157,6 +157,11 @@ class MemoryEngine:
         the ids, in item order; ``items``, a list, is emptied as it is taken in (see
         :meth:`StorePipeline.store_all`)."""
         return self._storing.store_all(items, vectors)
+
+    def staged(self) -> StagedStore:
+        """A big batch to store a part at a time as its parts arrive, written in one
+        atomic batch at its end (see :class:`StagedStore`)."""
+        return self._storing.staged()
 
     # --- recall ----------------------------------------------------------------
 

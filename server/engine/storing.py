@@ -4,9 +4,9 @@ atomic batch, then admitted to the channels' live views (DESIGN §4)."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +21,11 @@ from calor.server.engine.results import Prepared, Stored
 from calor.server.errors import NotFoundError
 from calor.server.events import memory_event
 from calor.server.heap import BULK_ITEMS, bulk_build
-from calor.server.records import MemoryRecord
+from calor.server.records import DELETED, MERGED, MemoryRecord
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.lifecycle import refresh_utility
 
-__all__ = ["StorePipeline"]
+__all__ = ["StagedStore", "StorePipeline"]
 
 # A bulk store writes its vectors ahead of its records this many to a batch.
 _VECTORS_AHEAD = 256
@@ -49,7 +49,7 @@ class StorePipeline:
         meanwhile, and its vectors written ahead of its records (see
         :meth:`_write_vectors_ahead`).
         """
-        with self._locked(items):
+        with self._locked(_channels_of(items), len(items)):
             results, written = self._write(items, vectors)
             for change in written:
                 change.apply()
@@ -66,7 +66,7 @@ class StorePipeline:
         objects of the whole batch are never alive at once, so what the views keep is
         not scattered over its heap.
         """
-        with self._locked(items):
+        with self._locked(_channels_of(items), len(items)):
             taken = items
             if isinstance(items, list):
                 taken = list(items)
@@ -120,16 +120,20 @@ class StorePipeline:
             bulk.add(change)
         return parts, repeats, bulk.commit()
 
+    def staged(self) -> StagedStore:
+        """A big batch to store a part at a time as its parts arrive (see
+        :class:`StagedStore`)."""
+        return StagedStore(self)
+
     @contextmanager
-    def _locked(self, items: Sequence[NewMemory]) -> Iterator[None]:
-        """The locks of the channels the items name, held in name order, and the bulk
-        mode of a big batch."""
-        names = sorted({item.channel for item in items})
-        channels = [self._reg.channel(name) for name in names]
+    def _locked(self, names: Iterable[str], count: int) -> Iterator[None]:
+        """The locks of the named channels, held in name order, and the bulk mode of a
+        batch of ``count`` items when it is big."""
+        channels = [self._reg.channel(name) for name in sorted(names)]
         for channel in channels:
             channel.lock.acquire()
         try:
-            with bulk_build() if len(items) >= BULK_ITEMS else nullcontext():
+            with bulk_build() if count >= BULK_ITEMS else nullcontext():
                 yield
         finally:
             for channel in reversed(channels):
@@ -169,19 +173,23 @@ class StorePipeline:
         return [r for r in results if r is not None], written
 
     def _sort_out(
-        self, items: Sequence[NewMemory]
+        self,
+        items: Sequence[NewMemory],
+        seen: dict[tuple[str, str], int] | None = None,
+        offset: int = 0,
     ) -> tuple[dict[int, MemoryRecord], dict[int, int], dict[str, array[int]]]:
         """Which items an earlier store made already (by idempotency key: position →
         that memory), which repeat the key of an earlier item of the batch (position →
-        that item's), and the positions of the others, to store, by channel."""
+        that item's), and the positions of the others, to store, by channel. Positions
+        count from ``offset``; ``seen`` holds the keys of the batch's earlier parts."""
         earlier: dict[int, MemoryRecord] = {}
         repeats: dict[int, int] = {}
         # Positions packed, not as int objects: held through a big store, 100,000 of
         # them would pin the heap's pages that the store's passing objects came and went
         # from.
         fresh: dict[str, array[int]] = {}
-        seen: dict[tuple[str, str], int] = {}
-        for position, item in enumerate(items):
+        seen = {} if seen is None else seen
+        for position, item in enumerate(items, offset):
             key = (item.channel, item.idempotency_key)
             found = self._store.idempotent_id(*key) if item.idempotency_key else None
             if found is not None:
@@ -260,6 +268,10 @@ class StorePipeline:
             commit(self._store, list(ahead.values()))
 
 
+def _channels_of(items: Iterable[NewMemory]) -> set[str]:
+    return {item.channel for item in items}
+
+
 def _say_new(change: Changes, ingested: list[Ingested], at: float, staged: bool) -> None:
     """New memories into a change: each with its event and its links."""
     for entry in ingested:
@@ -272,3 +284,181 @@ def _say_new(change: Changes, ingested: list[Ingested], at: float, staged: bool)
 def _rows(positions: array[int]) -> npt.NDArray[np.int64]:
     """Packed positions as an index into the batch's rows (no copy)."""
     return np.frombuffer(positions, dtype=np.int64)
+
+
+@dataclass(eq=False)
+class _Staging:
+    """One channel's share of a staged batch: what its parts were built against and
+    what they said so far."""
+
+    channel: Channel
+    builder: RecordBuilder
+    change: Changes
+    now: float
+    rejections: int  # how many rejections the channel held when the first part was built
+    count: int = 0
+    confirms: set[str] = field(default_factory=set)
+    linked: set[str] = field(default_factory=set)  # memories before the batch it links to
+    keys: list[str] = field(default_factory=list)  # idempotency keys of its new memories
+
+    def still_holds(self, store: MemoryStore) -> bool:
+        """Whether the parts said still stand: the channel not dropped, every memory
+        they link to still there, no rejection learnt, no key of theirs taken since."""
+        view = self.channel
+        if view.dropped or _rejection_count(view) != self.rejections:
+            return False
+        for memory_id in self.linked:
+            record = view.records.get(memory_id)
+            if record is None or record.state in (DELETED, MERGED):
+                return False
+        return all(store.idempotent_id(view.name, key) is None for key in self.keys)
+
+
+class StagedStore:
+    """A big batch stored as it arrives (a ``StoreStream``): each part, once embedded,
+    is built and said into one write batch under its channels' locks, which are let go
+    between parts so recalls and other writes go on meanwhile; :meth:`finish` writes
+    the whole batch at once, all or nothing, as :meth:`StorePipeline.store_all` does.
+
+    Parts are built against the views as they stand when each arrives, as if stored one
+    by one. If the views changed meanwhile in a way the parts cannot stand (a memory
+    they link to forgotten or merged away, a rejection learnt, an idempotency key of
+    theirs taken, the channel dropped), :meth:`finish` stores the batch afresh instead.
+    """
+
+    def __init__(self, pipeline: StorePipeline) -> None:
+        self._pipeline = pipeline
+        self._bulk = BulkWrite(pipeline._store)
+        self._channels: dict[str, _Staging] = {}
+        self._parts: list[tuple[str, Sequence[int], str]] = []  # channel, positions, ids
+        self._earlier: dict[int, MemoryRecord] = {}
+        self._repeats: dict[int, int] = {}
+        self._seen: dict[tuple[str, str], int] = {}
+        self._count = 0
+        self._stale = False
+
+    def __len__(self) -> int:
+        """How many items the parts so far held."""
+        return self._count
+
+    def add(self, items: Sequence[NewMemory], vectors: np.ndarray) -> None:
+        """Build and say the next items of the batch (with their embeddings, one row
+        each), in the batch's order, a part at a time."""
+        for start in range(0, len(items), _PART):
+            self._add_part(items[start : start + _PART], vectors[start : start + _PART])
+
+    def _add_part(self, items: Sequence[NewMemory], vectors: np.ndarray) -> None:
+        offset = self._count
+        self._count += len(items)
+        if self._stale:
+            return  # nothing more is built: finish stores the batch afresh
+        earlier, repeats, fresh = self._pipeline._sort_out(items, self._seen, offset)
+        self._earlier.update(earlier)
+        self._repeats.update(repeats)
+        with self._pipeline._locked(fresh, len(items)):
+            for name, positions in fresh.items():
+                staging = self._staging(name)
+                if (
+                    staging.channel.dropped
+                    or self._pipeline._reg.channel(name) is not staging.channel
+                ):
+                    self._stale = True
+                    return
+                local = array("q", (p - offset for p in positions))
+                chosen = [items[p] for p in local]
+                ingested = staging.builder.build(chosen, vectors[_rows(local)])
+                self._pipeline._write_vectors_ahead([(name, entry) for entry in ingested])
+                _say_new(staging.change, ingested, staging.now, staged=True)
+                self._note(staging, ingested, chosen)
+                self._bulk.add(staging.change)
+                staging.change.forget_links()  # as in StorePipeline._write_in_parts
+                said = "\n".join(entry.record.id for entry in ingested)
+                self._parts.append((name, positions, said))
+
+    def _staging(self, name: str) -> _Staging:
+        staging = self._channels.get(name)
+        if staging is None:
+            channel = self._pipeline._reg.channel(name)
+            now = self._pipeline._clock.now()
+            builder = RecordBuilder(
+                channel.neighbourhood(), channel.policy, now, channel.state.interactions
+            )
+            staging = _Staging(
+                channel, builder, Changes(name, channel), now, _rejection_count(channel)
+            )
+            self._channels[name] = staging
+        return staging
+
+    @staticmethod
+    def _note(staging: _Staging, ingested: list[Ingested], items: list[NewMemory]) -> None:
+        """What finish checks and completes: the older memories the part confirms and
+        links to, and its idempotency keys."""
+        records = staging.channel.records
+        staging.count += len(ingested)
+        for entry, item in zip(ingested, items, strict=True):
+            staging.confirms.update(entry.confirms)
+            for edge in entry.edges:
+                for end in (edge.from_id, edge.to_id):
+                    if end in records:
+                        staging.linked.add(end)
+            if item.idempotency_key:
+                staging.keys.append(item.idempotency_key)
+
+    def finish(self, items: Sequence[NewMemory], vectors: np.ndarray) -> list[str]:
+        """Write the batch in one atomic batch; each item's memory id, in item order.
+
+        ``items`` and ``vectors`` are the whole batch again (the parts given to
+        :meth:`add`, in order): stored afresh by :meth:`StorePipeline.store_all` (which
+        empties a list) if the parts no longer stand.
+        """
+        if len(items) != self._count:
+            raise ValueError(f"finish: {len(items)} items, but the parts held {self._count}")
+        with self._pipeline._locked(self._channels, 0):
+            store = self._pipeline._store
+            if not self._stale and all(s.still_holds(store) for s in self._channels.values()):
+                for staging in self._channels.values():
+                    self._complete(staging)
+                packed = self._bulk.commit()
+                for change in packed:
+                    change.apply()
+                return self._ids()
+        self.discard()
+        return self._pipeline.store_all(items, vectors)
+
+    def _complete(self, staging: _Staging) -> None:
+        """The channel's last words: the memories its new ones confirm, its count."""
+        channel = staging.channel
+        for record in self._pipeline._confirmed(channel, staging.confirms, staging.now):
+            staging.change.put(record)
+        interactions = channel.state.interactions + staging.count
+        staging.change.set_state(replace(channel.state, interactions=interactions))
+        self._bulk.add(staging.change)
+
+    def _ids(self) -> list[str]:
+        ids = [""] * self._count
+        for _, positions, said in self._parts:
+            for position, memory_id in zip(positions, said.split("\n"), strict=True):
+                ids[position] = memory_id
+        for position, record in self._earlier.items():
+            ids[position] = record.id
+        for position, first in self._repeats.items():
+            ids[position] = ids[first]
+        return ids
+
+    def discard(self) -> None:
+        """Write nothing of the batch; the embeddings written ahead of its records are
+        dropped (a restart would drop them too)."""
+        for name, _, said in self._parts:
+            ids = said.split("\n")
+            for start in range(0, len(ids), _VECTORS_AHEAD):
+                dropped = Changes(name)
+                for memory_id in ids[start : start + _VECTORS_AHEAD]:
+                    dropped.drop_vector(memory_id)
+                commit(self._pipeline._store, [dropped])
+        self._parts = []
+        self._channels = {}
+        self._stale = True
+
+
+def _rejection_count(channel: Channel) -> int:
+    return len(channel.rejections)
