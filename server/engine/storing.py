@@ -413,7 +413,8 @@ class StagedStore:
         """
         if len(items) != self._count:
             raise ValueError(f"finish: {len(items)} items, but the parts held {self._count}")
-        with self._pipeline._locked(self._channels, 0):
+        # Taken in as a bulk (no collector pass meanwhile; what it let go handed back).
+        with self._pipeline._locked(self._channels, self._count):
             store = self._pipeline._store
             if not self._stale and all(s.still_holds(store) for s in self._channels.values()):
                 for staging in self._channels.values():
@@ -421,7 +422,10 @@ class StagedStore:
                 packed = self._bulk.commit()
                 for change in packed:
                     change.apply()
-                return self._ids()
+                del packed
+                ids = self._ids()
+                self._let_go()
+                return ids
         self.discard()
         return self._pipeline.store_all(items, vectors)
 
@@ -455,8 +459,16 @@ class StagedStore:
                 for memory_id in ids[start : start + _VECTORS_AHEAD]:
                     dropped.drop_vector(memory_id)
                 commit(self._pipeline._store, [dropped])
-        self._parts = []
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Hold nothing more of the batch: its write batch, the views' packed changes,
+        the builders' scratch indexes (tens of MB at 10,000 items, kept for as long as
+        whoever holds this store, if not let go)."""
+        self._bulk = BulkWrite(self._pipeline._store)
         self._channels = {}
+        self._parts = []
+        self._earlier, self._repeats, self._seen = {}, {}, {}
         self._stale = True
 
 
