@@ -103,22 +103,47 @@ class StorePipeline:
             confirms: set[str] = set()
             for start in range(0, len(positions), _PART):
                 chosen = positions[start : start + _PART]
-                ingested = builder.build([items[p] for p in chosen], vectors[_rows(chosen)])
-                self._write_vectors_ahead([(name, entry) for entry in ingested])
-                _say_new(change, ingested, now, staged=True)
+                ingested = self._say_part(
+                    builder, change, bulk, now, [items[p] for p in chosen], vectors[_rows(chosen)]
+                )
                 confirms.update(c for entry in ingested for c in entry.confirms)
-                bulk.add(change)
-                # A new memory's links are made with it, to memories before it: no later
-                # part links these pairs again. Remembered to the end, 100,000 memories'
-                # links (about 8 each) pinned some 90 MB of heap among the parts' objects.
-                change.forget_links()
                 parts.append((chosen, "\n".join(entry.record.id for entry in ingested)))
-            for record in self._confirmed(channel, confirms, now):
-                change.put(record)
-            interactions = channel.state.interactions + len(positions)
-            change.set_state(replace(channel.state, interactions=interactions))
-            bulk.add(change)
+            self._say_end(change, bulk, confirms, len(positions), now)
         return parts, repeats, bulk.commit()
+
+    def _say_part(
+        self,
+        builder: RecordBuilder,
+        change: Changes,
+        bulk: BulkWrite,
+        now: float,
+        items: Sequence[NewMemory],
+        vectors: np.ndarray,
+    ) -> list[Ingested]:
+        """Build the next part of a big batch in ``change``'s channel and say it into
+        the write batch (its vectors written ahead); the part's new memories."""
+        ingested = builder.build(items, vectors)
+        self._write_vectors_ahead([(change.name, entry) for entry in ingested])
+        _say_new(change, ingested, now, staged=True)
+        bulk.add(change)
+        # A new memory's links are made with it, to memories before it: no later part
+        # links these pairs again. Remembered to the end, 100,000 memories' links (about
+        # 8 each) pinned some 90 MB of heap among the parts' objects.
+        change.forget_links()
+        return ingested
+
+    def _say_end(
+        self, change: Changes, bulk: BulkWrite, confirms: set[str], count: int, now: float
+    ) -> None:
+        """A channel's last words in a big batch of ``count`` new memories: the older
+        memories they confirm, one confirmation more each, and its interactions."""
+        channel = change.channel
+        assert channel is not None  # a store's change is always a channel's
+        for record in self._confirmed(channel, confirms, now):
+            change.put(record)
+        interactions = channel.state.interactions + count
+        change.set_state(replace(channel.state, interactions=interactions))
+        bulk.add(change)
 
     def staged(self) -> StagedStore:
         """A big batch to store a part at a time as its parts arrive (see
@@ -305,7 +330,7 @@ class _Staging:
         """Whether the parts said still stand: the channel not dropped, every memory
         they link to still there, no rejection learnt, no key of theirs taken since."""
         view = self.channel
-        if view.dropped or _rejection_count(view) != self.rejections:
+        if view.dropped or len(view.rejections) != self.rejections:
             return False
         for memory_id in self.linked:
             record = view.records.get(memory_id)
@@ -366,12 +391,15 @@ class StagedStore:
                     return
                 local = array("q", (p - offset for p in positions))
                 chosen = [items[p] for p in local]
-                ingested = staging.builder.build(chosen, vectors[_rows(local)])
-                self._pipeline._write_vectors_ahead([(name, entry) for entry in ingested])
-                _say_new(staging.change, ingested, staging.now, staged=True)
+                ingested = self._pipeline._say_part(
+                    staging.builder,
+                    staging.change,
+                    self._bulk,
+                    staging.now,
+                    chosen,
+                    vectors[_rows(local)],
+                )
                 self._note(staging, ingested, chosen)
-                self._bulk.add(staging.change)
-                staging.change.forget_links()  # as in StorePipeline._write_in_parts
                 said = "\n".join(entry.record.id for entry in ingested)
                 self._parts.append((name, positions, said))
 
@@ -384,7 +412,7 @@ class StagedStore:
                 channel.neighbourhood(), channel.policy, now, channel.state.interactions
             )
             staging = _Staging(
-                channel, builder, Changes(name, channel), now, _rejection_count(channel)
+                channel, builder, Changes(name, channel), now, len(channel.rejections)
             )
             self._channels[name] = staging
         return staging
@@ -418,7 +446,9 @@ class StagedStore:
             store = self._pipeline._store
             if not self._stale and all(s.still_holds(store) for s in self._channels.values()):
                 for staging in self._channels.values():
-                    self._complete(staging)
+                    self._pipeline._say_end(
+                        staging.change, self._bulk, staging.confirms, staging.count, staging.now
+                    )
                 packed = self._bulk.commit()
                 for change in packed:
                     change.apply()
@@ -428,15 +458,6 @@ class StagedStore:
                 return ids
         self.discard()
         return self._pipeline.store_all(items, vectors)
-
-    def _complete(self, staging: _Staging) -> None:
-        """The channel's last words: the memories its new ones confirm, its count."""
-        channel = staging.channel
-        for record in self._pipeline._confirmed(channel, staging.confirms, staging.now):
-            staging.change.put(record)
-        interactions = channel.state.interactions + staging.count
-        staging.change.set_state(replace(channel.state, interactions=interactions))
-        self._bulk.add(staging.change)
 
     def _ids(self) -> list[str]:
         ids = [""] * self._count
@@ -470,7 +491,3 @@ class StagedStore:
         self._parts = []
         self._earlier, self._repeats, self._seen = {}, {}, {}
         self._stale = True
-
-
-def _rejection_count(channel: Channel) -> int:
-    return len(channel.rejections)
