@@ -123,6 +123,7 @@ def test_words_weigh_the_same_in_the_attic_as_in_the_live_index(
     ), "one copy live, one in the attic"
     assert same[0].lexical > 0.0
     assert same[0].lexical == pytest.approx(same[1].lexical)
-    # Meaning and words are fused over both indexes' candidates at once.
-    assert same[0].relevance == pytest.approx(same[1].relevance)
+    # Meaning and words are fused over both indexes' candidates at once (the cosines
+    # agree to the attic's 4-bit rounding of its vectors).
+    assert same[0].relevance == pytest.approx(same[1].relevance, abs=0.01)
     assert same[0].lexical_weight == same[1].lexical_weight > 0.0

@@ -148,7 +148,7 @@ def test_after_a_restart_the_server_takes_the_saved_graph_end_to_end(
             ids = client.store_many(texts)
             graph_built(server, "big")
             deadline = time.monotonic() + 30
-            while not list((tmp_path / "graphs").glob("*-live.npz")):
+            while not list((tmp_path / "graphs").glob("*-live-hot.npz")):
                 assert time.monotonic() < deadline, "the graph was not saved"
                 time.sleep(0.02)
             client.forget([ids[17]])
@@ -210,13 +210,13 @@ def test_a_channel_saves_its_grown_graph_in_the_background(tmp_path: Path) -> No
         view.apply(ChangeList("big", [AddMemory(record(i), vectors[i]) for i in range(400)]))
     saved = GraphFiles(tmp_path, DIM)
     deadline = time.monotonic() + 30
-    while (first := saved.load("big", "live")) is None:
+    while (first := saved.load("big", "live-hot")) is None:
         assert time.monotonic() < deadline, "the built graph was not saved"
         time.sleep(0.01)
     assert first.links.size == 400 and first.sequence == 7
     with view.lock:
         view.apply(ChangeList("big", [AddMemory(record(i), vectors[i]) for i in range(400, 1_800)]))
-    while (grown := saved.load("big", "live")) is None or grown.links.size < 1_800:
+    while (grown := saved.load("big", "live-hot")) is None or grown.links.size < 1_800:
         assert time.monotonic() < deadline, "the grown graph was not saved again"
         time.sleep(0.01)
     assert sorted(grown.ids) == sorted(f"m{i:05d}" for i in range(1_800))

@@ -1191,6 +1191,7 @@ class DreamResponse(_message.Message):
     RECLASSIFIED_FIELD_NUMBER: _builtins.int
     SUMMARISED_FIELD_NUMBER: _builtins.int
     SUMMARY_IDS_FIELD_NUMBER: _builtins.int
+    RETIERED_FIELD_NUMBER: _builtins.int
     migrated: _builtins.int
     merged: _builtins.int
     keystoned: _builtins.int
@@ -1213,6 +1214,10 @@ class DreamResponse(_message.Message):
     the episode summaries made (each a new semantic memory linked to its sources).
     """
     summarised: _builtins.int
+    retiered: _builtins.int
+    """Memories moved to the vector tier their heat now calls for (hot: half precision,
+    warm: 8 bits, cold: 4 bits a dimension).
+    """
     @_builtins.property
     def archived_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Each memory moved to cold storage, and each merged into another (not the survivors)."""
@@ -1242,10 +1247,11 @@ class DreamResponse(_message.Message):
         reclassified: _builtins.int = ...,
         summarised: _builtins.int = ...,
         summary_ids: _abc.Iterable[_builtins.str] | None = ...,
+        retiered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "archived_ids", b"archived_ids", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "merged_ids", b"merged_ids", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned", "reclassified", b"reclassified", "summarised", b"summarised", "summary_ids", b"summary_ids", "swept", b"swept"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "archived_ids", b"archived_ids", "channel_heat_after", b"channel_heat_after", "channel_heat_before", b"channel_heat_before", "conflicts", b"conflicts", "conflicts_unopened", b"conflicts_unopened", "duration_ms", b"duration_ms", "echoed", b"echoed", "keystoned", b"keystoned", "merged", b"merged", "merged_ids", b"merged_ids", "migrated", b"migrated", "promoted", b"promoted", "pruned", b"pruned", "reclassified", b"reclassified", "retiered", b"retiered", "summarised", b"summarised", "summary_ids", b"summary_ids", "swept", b"swept"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

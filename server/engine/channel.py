@@ -24,7 +24,11 @@ from calor.server.engine.ingest import Neighbourhood
 from calor.server.engine.rejections import Rejections
 from calor.server.engine.results import Current
 from calor.server.engine.states import RecordTable, states_now
+from calor.server.recall.columns import Batch
 from calor.server.recall.index import ChannelIndex
+from calor.server.recall.tiers import COLD as COLD_TIER
+from calor.server.recall.tiers import HOT as HOT_TIER
+from calor.server.recall.tiers import tiers_for
 from calor.server.records import ACTIVE, ARCHIVED, COLD, DELETED, MERGED, MemoryRecord
 from calor.server.storage.ops import (
     AddMemory,
@@ -109,6 +113,8 @@ class Channel:
     """A dream the curator's schedule asked for is under way."""
     on_due: Callable[[float, str], None] | None = None
     on_large: Callable[[Channel], None] | None = None
+    whole_vector: Callable[[str], np.ndarray | None] | None = None
+    """A memory's embedding as the store keeps it, whole (a vector tier holds it coarser)."""
     approximate_above: int = APPROXIMATE_ABOVE
     _ids: list[str] = field(default_factory=list)
     _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
@@ -332,9 +338,41 @@ class Channel:
         registry tells a view nobody holds by its reference count."""
         moved = self.graph.unmark
         return (
-            ChannelIndex(self.dim, self.approximate_above, on_move=moved),
-            ChannelIndex(self.dim, self.approximate_above, on_move=moved),
+            ChannelIndex(self.dim, self.approximate_above, on_move=moved, tier=HOT_TIER),
+            ChannelIndex(self.dim, self.approximate_above, on_move=moved, tier=COLD_TIER),
         )
+
+    def _placing(self, target: ChannelIndex) -> Callable[[Batch], np.ndarray] | None:
+        """How memories arriving in an index find their vector tier: in the live index by
+        their heat; in the attic, all cold."""
+        return self._tiers_for if target is self.index else None
+
+    def _tiers_for(self, batch: Batch) -> np.ndarray:
+        """The vector tier each of a batch of live memories belongs in, by its heat now."""
+        return tiers_for(batch, self.policy, self.clocks())
+
+    def retier(self) -> int:
+        """Move each live memory to the vector tier its heat now calls for (in dreams and
+        sweeps, never on the recall path: DESIGN §5); one moving to a finer tier takes
+        its embedding whole from the store. How many moved."""
+        ids, labels = self.index.members()
+        if labels.size == 0:
+            return 0
+        vectors = self.index.vectors
+        wanted = self._tiers_for(self.index.columns.batch(labels))
+        held = vectors.tiers_of(labels)
+        moving = np.flatnonzero(wanted != held)
+        if moving.size == 0:
+            return 0
+        chosen = labels[moving]
+        matrix = vectors.reconstruct_batch(chosen)
+        if self.whole_vector is not None:
+            for row in np.flatnonzero(wanted[moving] < held[moving]).tolist():
+                whole = self.whole_vector(ids[moving[row]])
+                if whole is not None:
+                    matrix[row] = whole
+        vectors.move(chosen, wanted[moving], matrix)
+        return int(moving.size)
 
     def _apply_to_channel(self, op: Operation) -> None:
         match op:
@@ -375,13 +413,19 @@ class Channel:
         target = self._index_for(record)
         for index in (self.index, self.attic):
             if index is not target and record.id in index:
-                vector = vector if vector is not None else index.vector(record.id)
+                vector = vector if vector is not None else self._vector_of(record.id, index)
                 index.remove(record.id)
         if target is not None and vector is not None:
-            target.add([record], vector.reshape(1, -1))
+            target.add([record], vector.reshape(1, -1), self._placing(target))
         elif target is not None:
             target.refresh(record)
         self._schedule(record)
+
+    def _vector_of(self, memory_id: str, index: ChannelIndex) -> np.ndarray | None:
+        """A memory's embedding to index elsewhere: whole from the store, else as the
+        index holds it."""
+        whole = self.whole_vector(memory_id) if self.whole_vector is not None else None
+        return whole if whole is not None else index.vector(memory_id)
 
     def _set_heats(self, op: SetHeat) -> None:
         """Heat alone changed: the records and the columns take it. It only rose, on
@@ -413,7 +457,8 @@ class Channel:
         for target in (self.index, self.attic):
             group = groups.get(id(target))
             if group:
-                target.add([r for r, _ in group], np.stack([v for _, v in group]))
+                records = [r for r, _ in group]
+                target.add(records, np.stack([v for _, v in group]), self._placing(target))
 
     def _index_for(self, record: MemoryRecord) -> ChannelIndex | None:
         state = evolve(record, self.policy, self.clocks()).state

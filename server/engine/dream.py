@@ -81,6 +81,8 @@ class DreamReport:
     summarised: int = 0
     summary_ids: list[str] = field(default_factory=list)
     """The episode summaries the dream made (each a new semantic memory)."""
+    retiered: int = 0
+    """Memories moved to the vector tier their heat now calls for."""
 
     def payload(self) -> dict[str, str]:
         """The report as event payload fields (lists of ids comma-joined)."""
@@ -126,6 +128,7 @@ class Dreamer:
             policy, clocks = channel.policy, channel.clocks()
             report = DreamReport(channel_heat_before=channel.state.heat(policy, clocks.now))
             report.migrated = self._materialise(channel, policy, clocks)
+            report.retiered = channel.retier()
             scope = self._scope(channel, cold_only)
             snapshot = [(i, v) for i in scope if (v := channel.index.vector(i)) is not None]
         least = min(policy.dreams.conflict_similarity, policy.dreams.merge_similarity)

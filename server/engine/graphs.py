@@ -17,19 +17,26 @@ from calor.server.engine.channel import Channel
 from calor.server.heap import release
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
 from calor.server.recall.index import ChannelIndex
-from calor.server.recall.vectors import GraphLinks
+from calor.server.recall.tiers import TIERS
+from calor.server.recall.vectors import GraphLinks, VectorIndex
 
 __all__ = ["GraphBuilds"]
 
 log = logging.getLogger(__name__)
 
-# What to do ("build" or "save"), for which channel and which of its indexes ("live",
-# "attic"), and that index.
-_Job = tuple[str, Channel, str, ChannelIndex]
+# What to do ("build" or "save"), for which channel and which tier of which of its
+# indexes (named as its file is: "live-hot", "attic-cold", ...), the index and the
+# tier's code and vectors.
+_Job = tuple[str, Channel, str, ChannelIndex, int, VectorIndex]
 
 
-def _indexes(channel: Channel) -> tuple[tuple[str, ChannelIndex], ...]:
-    return (("live", channel.index), ("attic", channel.attic))
+def _tiers(channel: Channel) -> list[tuple[str, ChannelIndex, int, VectorIndex]]:
+    """Every tier of the channel's live index and attic: (name, index, code, vectors)."""
+    return [
+        (f"{kind}-{TIERS[code][0]}", index, code, vectors)
+        for kind, index in (("live", channel.index), ("attic", channel.attic))
+        for code, vectors in index.vectors.held()
+    ]
 
 
 class GraphBuilds:
@@ -55,40 +62,41 @@ class GraphBuilds:
     def note(self, channel: Channel) -> None:
         """Queue a build for each index of the channel that wants a graph, a save for each
         whose graph grew since it was saved (hold the channel's lock)."""
-        for kind, index in _indexes(channel):
-            if index.vectors.wants_graph():
+        for kind, index, code, vectors in _tiers(channel):
+            if vectors.wants_graph():
                 action = "build"
-            elif self._files is not None and index.vectors.wants_save():
+            elif self._files is not None and vectors.wants_save():
                 action = "save"
             else:
                 continue
             with self._lock:
-                if (id(index), action) in self._queued:
+                if (id(vectors), action) in self._queued:
                     continue
-                self._queued.add((id(index), action))
+                self._queued.add((id(vectors), action))
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._work, name="calor-graph", daemon=True
                     )
                     self._thread.start()
-            self._waiting.put((action, channel, kind, index))
+            self._waiting.put((action, channel, kind, index, code, vectors))
 
     def restore(self, channel: Channel) -> None:
         """Put the channel's saved graphs in place, those that fit its memories (hold its
         lock; call it once its memories are indexed). The others are built as usual."""
         if self._files is None:
             return
-        for kind, index in _indexes(channel):
-            if not index.vectors.wants_graph():
+        for kind, index, code, vectors in _tiers(channel):
+            if not vectors.wants_graph():
                 continue
             saved = self._files.load(channel.name, kind)
-            if saved is not None and index.restore(saved):
+            if saved is not None and index.restore(saved, code):
                 self.restored += 1
                 release()  # the exact index the graph replaced
                 log.info(
-                    "channel %r: %d memories searched through its saved HNSW graph",
+                    "channel %r: %d memories (%s) searched through a saved HNSW graph",
                     channel.name,
-                    len(index),
+                    vectors.live,
+                    kind,
                 )
 
     def discard(self, channel: str) -> None:
@@ -103,26 +111,28 @@ class GraphBuilds:
 
     def _work(self) -> None:
         while True:
-            action, channel, kind, index = self._waiting.get()
+            action, channel, kind, index, code, vectors = self._waiting.get()
             try:
                 if action == "build":
-                    self._build(channel, kind, index)
+                    self._build(channel, kind, index, code, vectors)
                 else:
-                    self._save_grown(channel, kind, index)
+                    self._save_grown(channel, kind, index, code, vectors)
             except Exception:
                 log.exception("the HNSW graph of channel %r: %s failed", channel.name, action)
             finally:
                 with self._lock:
-                    self._queued.discard((id(index), action))
+                    self._queued.discard((id(vectors), action))
 
-    def _build(self, channel: Channel, kind: str, index: ChannelIndex) -> None:
+    def _build(
+        self, channel: Channel, kind: str, index: ChannelIndex, code: int, vectors: VectorIndex
+    ) -> None:
         installed = False
         while not installed:  # again while the channel grew too much during a build
             with channel.lock:
-                if channel.dropped or not index.vectors.wants_graph():
+                if channel.dropped or not vectors.wants_graph():
                     return
-                build = index.vectors.snapshot()
-                ids = index.memory_ids(build.labels)
+                build = vectors.snapshot()
+                ids = index.tier_ids(code, build.labels)
                 sequence = self._sequence()
             try:
                 build.run()
@@ -131,26 +141,29 @@ class GraphBuilds:
                     self._save(channel.name, kind, SavedGraph(links, ids, build.prints, sequence))
             finally:
                 with channel.lock:  # a failed build leaves exact search in place
-                    installed = index.vectors.install(build)
+                    installed = vectors.install(build)
         self.built += 1
         release()  # the snapshot's vectors, and the exact index the graph replaced
         log.info(
-            "channel %r: %d memories searched through an HNSW graph",
+            "channel %r: %d memories (%s) searched through an HNSW graph",
             channel.name,
             len(build.labels),
+            kind,
         )
-        self._save_grown(channel, kind, index)  # if much was caught up as it went in
+        self._save_grown(channel, kind, index, code, vectors)  # if much was caught up
 
-    def _save_grown(self, channel: Channel, kind: str, index: ChannelIndex) -> None:
+    def _save_grown(
+        self, channel: Channel, kind: str, index: ChannelIndex, code: int, vectors: VectorIndex
+    ) -> None:
         """Save a graph in place again: its links copied under the lock, written after."""
         with channel.lock:
-            if channel.dropped or not index.vectors.wants_save():
+            if channel.dropped or not vectors.wants_save():
                 return
-            links, labels, prints = index.vectors.saving()
-            ids = index.memory_ids(labels)
+            links, rows, prints = vectors.saving()
+            ids = index.tier_ids(code, rows)
             sequence = self._sequence()
         self._save(channel.name, kind, SavedGraph(links, ids, prints, sequence))
-        del links, labels, prints, ids
+        del links, rows, prints, ids
         release()  # the copies just written
 
     def _save(self, channel: str, kind: str, graph: SavedGraph) -> None:

@@ -30,7 +30,8 @@ __all__ = ["GraphFiles", "SavedGraph"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 2  # 2: vectors 8-bit quantised (the ranges saved with the links)
+# 2: vectors 8-bit quantised (the ranges saved with the links); 3: the precision named
+_FORMAT = 3
 
 
 @dataclass
@@ -63,6 +64,7 @@ class GraphFiles:
             "sequence": graph.sequence,
             "entry_point": graph.links.entry_point,
             "max_level": graph.links.max_level,
+            "precision": graph.links.precision,
         }
         partial = path.with_suffix(".partial")
         with partial.open("wb") as out:
@@ -94,7 +96,9 @@ class GraphFiles:
                     for name in saved.files
                     if name.startswith("links_")
                 }
-                links = GraphLinks(arrays, int(meta["entry_point"]), int(meta["max_level"]))
+                links = GraphLinks(
+                    arrays, int(meta["entry_point"]), int(meta["max_level"]), meta["precision"]
+                )
                 ids = saved["ids"].tolist()
                 prints = saved["prints"].astype(np.uint64)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as error:

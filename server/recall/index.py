@@ -13,9 +13,10 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-from calor.server.recall.columns import RecordColumns
+from calor.server.recall.columns import Batch, RecordColumns
 from calor.server.recall.graph_files import SavedGraph
 from calor.server.recall.lexical import LexicalIndex
+from calor.server.recall.tiers import HOT, TieredVectors
 from calor.server.recall.vectors import APPROXIMATE_ABOVE, VectorIndex
 from calor.server.records import MemoryRecord
 
@@ -39,12 +40,16 @@ class ChannelIndex:
         dim: int,
         approximate_above: int = APPROXIMATE_ABOVE,
         on_move: Callable[[str], None] | None = None,
+        tier: int = HOT,
     ) -> None:
         self.dim = dim
         self.on_move = on_move
         """Told of each memory that enters or leaves the index (its label changes)."""
-        self.vectors = VectorIndex(dim, approximate_above)
-        """The embeddings (exact search, or an HNSW graph once the channel is large)."""
+        self.vectors = TieredVectors(dim, approximate_above)
+        """The embeddings by heat tier (each searched exactly, or through an HNSW graph
+        once large)."""
+        self.tier = tier
+        """The vector tier memories arrive in unless their ``placing`` says otherwise."""
         self.lexical = LexicalIndex()
         self.columns = RecordColumns()
         self._label_of: dict[str, int] = {}
@@ -56,8 +61,14 @@ class ChannelIndex:
     def __contains__(self, memory_id: object) -> bool:
         return memory_id in self._label_of
 
-    def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> None:
-        """Index memories with their unit-norm embeddings (one row each)."""
+    def add(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: np.ndarray,
+        placing: Callable[[Batch], npt.NDArray[np.int8]] | None = None,
+    ) -> None:
+        """Index memories with their unit-norm embeddings (one row each); ``placing``
+        gives the vector tier each belongs in, from their columns (else ``tier``)."""
         if not records:
             return
         for record in records:
@@ -67,13 +78,17 @@ class ChannelIndex:
         labels = np.arange(first, first + len(records), dtype=np.int64)
         self._id_at.extend(record.id for record in records)
         matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(records), self.dim)
-        self.vectors.add(labels, matrix)
         for label, record in zip(labels.tolist(), records, strict=True):
             self._label_of[record.id] = label
             if self.on_move is not None:
                 self.on_move(record.id)
             self.lexical.add(label, record.text)
             self.columns.set(label, record)
+        if placing is None:
+            tiers = np.full(labels.shape[0], self.tier, dtype=np.int8)
+        else:
+            tiers = placing(self.columns.batch(labels))
+        self.vectors.add(labels, matrix, tiers)
 
     def refresh(self, record: MemoryRecord) -> None:
         """Take an indexed memory's changed fields (heat, state, ...) into the columns."""
@@ -126,15 +141,22 @@ class ChannelIndex:
         held = len(self._id_at)
         return [self._id_at[label] if 0 <= label < held else "" for label in labels.tolist()]
 
-    def restore(self, saved: SavedGraph) -> bool:
-        """Search through a saved HNSW graph (see ``VectorIndex.adopt``); False if it does
-        not fit the memories indexed here."""
+    def restore(self, saved: SavedGraph, tier: int) -> bool:
+        """Search a tier through a saved HNSW graph (see ``VectorIndex.adopt``); False if
+        it does not fit the memories the tier holds here."""
         labels = np.fromiter(
             (self._label_of.get(memory_id, -1) for memory_id in saved.ids),
             dtype=np.int64,
             count=len(saved.ids),
         )
-        return self.vectors.adopt(saved.links, labels, saved.prints)
+        index = dict(self.vectors.held()).get(tier)
+        if index is None:
+            return False
+        return index.adopt(saved.links, self.vectors.rows_in(tier, labels), saved.prints)
+
+    def tier_ids(self, tier: int, rows: npt.NDArray[np.int64]) -> list[str]:
+        """The memory ids behind a tier's rows, in order; "" for a row no memory holds."""
+        return self.memory_ids(self.vectors.labels_of(tier, rows))
 
     def dense(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest memories by cosine: (labels, similarities), best first."""

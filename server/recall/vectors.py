@@ -7,9 +7,10 @@ and what changed while it was built is caught up when it is installed. HNSW cann
 a removed memory's label is a tombstone that searches skip, and the graph is rebuilt once
 tombstones make up a tenth of it.
 
-Vectors are held compressed, and read back and scored as held: at half precision for
-exact search (half of float32's memory), quantised to 8 bits per dimension in a graph
-(a quarter; each dimension's range trained on the vectors the graph is built from).
+Vectors are held compressed at the index's precision (:data:`PRECISIONS`), and read back
+and scored as held: at half precision (half of float32's memory), or quantised to 8 or
+4 bits per dimension (a quarter, an eighth), each dimension's range trained on the
+bounds the index is made with; a graph holds them at the same precision and ranges.
 RocksDB keeps every vector whole. A built graph's links (:class:`GraphLinks`, no
 vectors) can be saved and, after a restart, joined again to the vectors RocksDB holds
 (:meth:`VectorIndex.adopt`) instead of built again.
@@ -26,7 +27,21 @@ import numpy.typing as npt
 
 from calor.server.config import APPROXIMATE_ABOVE
 
-__all__ = ["APPROXIMATE_ABOVE", "ApproximateBuild", "GraphLinks", "VectorIndex", "fingerprints"]
+__all__ = [
+    "APPROXIMATE_ABOVE",
+    "PRECISIONS",
+    "ApproximateBuild",
+    "GraphLinks",
+    "VectorIndex",
+    "fingerprints",
+]
+
+PRECISIONS: dict[str, Any] = {
+    "half": faiss.ScalarQuantizer.QT_fp16,
+    "int8": faiss.ScalarQuantizer.QT_8bit,
+    "int4": faiss.ScalarQuantizer.QT_4bit,
+}
+"""How an index may hold its vectors, by name: FAISS's scalar quantiser types."""
 
 _LINKS = 32  # HNSW M: neighbours per node
 _BUILD_BREADTH = 80  # efConstruction
@@ -50,9 +65,9 @@ _U64 = npt.NDArray[np.uint64]
 
 # The parts of a FAISS HNSW graph that hold its links (the vectors are stored apart).
 _LINK_ARRAYS = ("assign_probas", "cum_nneighbor_per_level", "levels", "offsets", "neighbors")
-_RANGES = "quantiser_ranges"  # saved beside the links: how vectors are encoded in 8 bits
-# Each dimension's 8-bit range is its range over the vectors a graph is built from,
-# widened by this share each way, so vectors added later rarely fall outside it.
+_RANGES = "quantiser_ranges"  # saved beside the links: how vectors are encoded in bits
+# A quantised index's range in each dimension is the bounds it is made with, widened by
+# this share each way, so vectors added later rarely fall outside it.
 _RANGE_MARGIN = 0.05
 _FINGERPRINT_ROWS = 8_192  # rows hashed at a time (bounds the scratch memory)
 _FINGERPRINT_WEIGHTS = np.random.default_rng(0x6361_6C6F_72).integers(
@@ -77,13 +92,15 @@ def fingerprints(vectors: _F32 | _F16) -> _U64:
 class GraphLinks:
     """An HNSW graph without its vectors: which node links to which, at which level.
 
-    ``arrays`` are FAISS's own (levels, offsets, neighbours, ...); node ``i`` is the
-    ``i``-th vector the graph was built from.
+    ``arrays`` are FAISS's own (levels, offsets, neighbours, ...) and the quantiser's
+    ranges; node ``i`` is the ``i``-th vector the graph was built from, held at
+    ``precision``.
     """
 
     arrays: dict[str, np.ndarray]
     entry_point: int
     max_level: int
+    precision: str = "half"
 
     @property
     def size(self) -> int:
@@ -95,25 +112,22 @@ class GraphLinks:
         """The links of a built graph (copied out), with its quantiser's ranges."""
         index = cast(faiss.IndexHNSWSQ, faiss.downcast_index(graph.index))
         arrays = {name: faiss.vector_to_array(getattr(index.hnsw, name)) for name in _LINK_ARRAYS}
-        arrays[_RANGES] = faiss.vector_to_array(_quantiser(index).trained)
-        return cls(arrays, int(index.hnsw.entry_point), int(index.hnsw.max_level))
+        quantiser = _quantiser(index)
+        arrays[_RANGES] = faiss.vector_to_array(quantiser.trained)
+        precision = next(name for name, kind in PRECISIONS.items() if kind == quantiser.qtype)
+        return cls(arrays, int(index.hnsw.entry_point), int(index.hnsw.max_level), precision)
 
     def join(self, vectors: _F32, labels: _I64) -> faiss.IndexIDMap2:
         """The searchable graph of these links with node ``i``'s vector and label in row
         ``i``."""
-        index = _new_graph(vectors.shape[1])
+        index = _new_graph(vectors.shape[1], self.precision, self.arrays[_RANGES])
         graph = faiss.IndexIDMap2(index)
         for name in _LINK_ARRAYS:
             target = getattr(index.hnsw, name)
             target.clear()
             faiss.copy_array_to_vector(self.arrays[name], target)
         index.hnsw.entry_point, index.hnsw.max_level = self.entry_point, self.max_level
-        faiss.copy_array_to_vector(
-            self.arrays[_RANGES].astype(np.float32), _quantiser(index).trained
-        )
-        storage = faiss.downcast_index(index.storage)
-        storage.is_trained = index.is_trained = True
-        storage.add(np.ascontiguousarray(vectors, dtype=np.float32))  # encoded with the ranges
+        faiss.downcast_index(index.storage).add(np.ascontiguousarray(vectors, dtype=np.float32))
         index.ntotal = graph.ntotal = self.size
         faiss.copy_array_to_vector(labels, graph.id_map)
         graph.construct_rev_map()
@@ -123,8 +137,8 @@ class GraphLinks:
 @dataclass
 class ApproximateBuild:
     """An HNSW graph being built from a snapshot of a channel's vectors, held at half
-    precision (as exact search holds them) and given to the graph a block at a time, so
-    a build holds no float32 copy of the whole channel."""
+    precision (or as the index holds them, if coarser) and given to the graph a block at
+    a time, so a build holds no float32 copy of the whole channel."""
 
     dim: int
     labels: _I64
@@ -132,19 +146,17 @@ class ApproximateBuild:
     graph: faiss.IndexIDMap2 | None = None
     prints: _U64 | None = None
     """The :func:`fingerprints` of the vectors as RocksDB holds them, row by row (taken
-    from the graph being replaced, whose vectors read back quantised; else computed)."""
+    from the index, which keeps them once vectors are quantised; else computed)."""
+    precision: str = "half"
+    ranges: _F32 | None = None
+    """A quantised index's trained ranges: the graph encodes with the same, so the
+    vectors it is given (read back from the index) keep their codes exactly."""
 
     def run(self) -> None:
         """Build the graph (long: minutes at a million vectors); no lock needed."""
         if self.prints is None:
             self.prints = fingerprints(self.vectors)
-        index = _new_graph(self.dim)
-        if self.vectors.shape[0]:
-            # The 8-bit ranges are each dimension's least and greatest value: trained on
-            # those two rows alone, the quantiser is the one all the rows would train.
-            bounds = np.stack([self.vectors.min(axis=0), self.vectors.max(axis=0)])
-            index.train(bounds.astype(np.float32))
-        graph = faiss.IndexIDMap2(index)
+        graph = faiss.IndexIDMap2(_new_graph(self.dim, self.precision, self.ranges))
         for start in range(0, self.vectors.shape[0], _BUILD_BLOCK):
             block = self.vectors[start : start + _BUILD_BLOCK].astype(np.float32)
             graph.add_with_ids(block, self.labels[start : start + _BUILD_BLOCK])
@@ -156,11 +168,17 @@ class ApproximateBuild:
 class VectorIndex:
     """Unit vectors by int64 label; inner-product search, exact or approximate.
 
+    ``precision`` (a name in :data:`PRECISIONS`) is how the vectors are held; a quantised
+    index is made with ``bounds``: each dimension's least and greatest value (two rows)
+    among the vectors it will hold, which its ranges are trained on.
+
     Not thread-safe: the caller holds the channel's lock around every call.
     """
 
     dim: int
     approximate_above: int = APPROXIMATE_ABOVE
+    precision: str = "half"
+    bounds: _F32 | None = None
     _index: faiss.IndexIDMap2 = field(init=False)
     _approximate: bool = field(default=False, init=False)
     _tombstones: set[int] = field(default_factory=set, init=False)
@@ -177,11 +195,30 @@ class VectorIndex:
     def __post_init__(self) -> None:
         # Exact search over half-precision vectors: half float32's memory, faster to scan
         # (measured: 0.38 against 0.56 ms for k=100 over 10,000), the same neighbours.
-        self._index = faiss.IndexIDMap2(
-            faiss.IndexScalarQuantizer(
-                self.dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
-            )
+        exact = faiss.IndexScalarQuantizer(
+            self.dim, PRECISIONS[self.precision], faiss.METRIC_INNER_PRODUCT
         )
+        if self.quantised:
+            if self.bounds is None:
+                raise ValueError(f"a {self.precision} index needs the bounds of its vectors")
+            exact.sq.rangestat = faiss.ScalarQuantizer.RS_minmax
+            exact.sq.rangestat_arg = _RANGE_MARGIN
+            # Trained on the two rows of bounds alone, the quantiser's ranges are the
+            # ones all the vectors would train.
+            exact.train(np.ascontiguousarray(self.bounds, dtype=np.float32))
+        self._index = faiss.IndexIDMap2(exact)
+
+    @property
+    def quantised(self) -> bool:
+        """Whether vectors are held in fewer bits than half precision's (they then keep
+        their fingerprints beside them: the index cannot read back the vectors whole)."""
+        return self.precision != "half"
+
+    def ranges(self) -> _F32 | None:
+        """A quantised index's trained ranges (None at half precision)."""
+        if not self.quantised:
+            return None
+        return np.asarray(faiss.vector_to_array(_quantiser(self._index).trained), dtype=np.float32)
 
     @property
     def approximate(self) -> bool:
@@ -197,18 +234,34 @@ class VectorIndex:
         self._live += len(labels)
         if self._building:
             self._changed.extend(labels.tolist())
-        if self._approximate:
+        if self._approximate or self.quantised:
             self._note_prints(labels, fingerprints(vectors))
+
+    @property
+    def code_size(self) -> int:
+        """Bytes each vector takes as held (its links in a graph not counted)."""
+        return int(_quantiser(self._index).code_size)
+
+    @property
+    def live(self) -> int:
+        """How many vectors are held (tombstones not counted)."""
+        return self._live
 
     def remove(self, label: int) -> None:
         """Stop finding a label (a tombstone while the graph holds it)."""
-        self._live -= 1
+        self.remove_many(np.array([label], dtype=np.int64))
+
+    def remove_many(self, labels: _I64) -> None:
+        """Stop finding held labels (one pass over an exact index, however many)."""
+        if labels.size == 0:
+            return
+        self._live -= labels.size
         if self._building:
-            self._removed.append(label)
+            self._removed.extend(labels.tolist())
         if self._approximate:
-            self._tombstones.add(label)
+            self._tombstones.update(labels.tolist())
         else:
-            self._index.remove_ids(np.array([label], dtype=np.int64))  # type: ignore[arg-type]
+            self._index.remove_ids(faiss.IDSelectorBatch(labels))
 
     def reconstruct(self, label: int) -> _F32:
         """The vector held under a label."""
@@ -289,12 +342,14 @@ class VectorIndex:
             labels = labels[~np.isin(labels, self._tombstone_array())]
         self._building = True
         self._changed, self._removed = [], []
-        prints = self._prints[labels] if self._approximate else None
+        prints = self._prints[labels] if self._approximate or self.quantised else None
         half = np.empty((labels.shape[0], self.dim), dtype=np.float16)
         for start in range(0, labels.shape[0], _BUILD_BLOCK):
             chosen = labels[start : start + _BUILD_BLOCK]
             half[start : start + chosen.shape[0]] = self.reconstruct_batch(chosen)
-        return ApproximateBuild(self.dim, labels, half, prints=prints)
+        return ApproximateBuild(
+            self.dim, labels, half, prints=prints, precision=self.precision, ranges=self.ranges()
+        )
 
     def install(self, build: ApproximateBuild) -> bool:
         """Search through the built graph from now on, with what changed meanwhile; False
@@ -321,14 +376,22 @@ class VectorIndex:
         the graph lacks are added to it. False (and exact search stays, so the graph is
         built again) if it does not fit: too many tombstones or too much to add.
         """
-        if self._approximate or self._building or links.size != labels.shape[0]:
+        if (
+            self._approximate
+            or self._building
+            or links.size != labels.shape[0]
+            or links.precision != self.precision
+        ):
             return False
         alive = labels >= 0
         if np.unique(labels[alive]).size != np.count_nonzero(alive):
             return False  # two nodes claim one memory: not a graph of these memories
         vectors = np.zeros((links.size, self.dim), dtype=np.float32)
         vectors[alive] = self.reconstruct_batch(labels[alive])
-        alive[alive] = fingerprints(vectors[alive]) == prints[alive]
+        held_prints = (
+            self._prints[labels[alive]] if self.quantised else fingerprints(vectors[alive])
+        )
+        alive[alive] = held_prints == prints[alive]
         vectors[~alive] = 0.0
         held = faiss.vector_to_array(self._index.id_map).astype(np.int64)
         missing = np.setdiff1d(held, labels[alive])
@@ -367,12 +430,14 @@ class VectorIndex:
         ``prints``) and the ``tombstones`` searches skip; the vectors of ``add`` are
         caught up into it first. It counts as saved at the size it came with."""
         self._saved_nodes = graph.ntotal
-        self._prints = np.zeros(0, dtype=np.uint64)
-        self._note_prints(labels, prints)
+        if not self.quantised:  # a quantised index kept its own all along
+            self._prints = np.zeros(0, dtype=np.uint64)
+            self._note_prints(labels, prints)
         if add.size:
             vectors = self.reconstruct_batch(add)
             graph.add_with_ids(vectors, add)
-            self._note_prints(add, fingerprints(vectors))
+            if not self.quantised:
+                self._note_prints(add, fingerprints(vectors))
         self._index = graph
         self._tombstones = tombstones
         self._tombstone_cache = None
@@ -395,21 +460,29 @@ class VectorIndex:
         self._changed, self._removed = [], []
 
 
-def _new_graph(dim: int) -> faiss.IndexHNSWSQ:
-    """An empty HNSW graph over 8-bit scalar-quantised vectors (a quarter of float32's
-    memory), trained on the vectors it is built from."""
-    eight_bits: Any = faiss.ScalarQuantizer.QT_8bit  # an enum the stubs type apart
-    index = faiss.IndexHNSWSQ(dim, eight_bits, _LINKS, faiss.METRIC_INNER_PRODUCT)
+def _new_graph(dim: int, precision: str, ranges: np.ndarray | None) -> faiss.IndexHNSWSQ:
+    """An empty HNSW graph over vectors held at ``precision``; a quantised one encodes
+    with the trained ``ranges`` it is given."""
+    index = faiss.IndexHNSWSQ(dim, PRECISIONS[precision], _LINKS, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = _BUILD_BREADTH
-    quantiser = _quantiser(index)
-    quantiser.rangestat = faiss.ScalarQuantizer.RS_minmax
-    quantiser.rangestat_arg = _RANGE_MARGIN
+    if precision != "half":
+        if ranges is None or ranges.size == 0:
+            raise ValueError(f"a {precision} graph needs its quantiser's ranges")
+        storage = faiss.downcast_index(index.storage)
+        faiss.copy_array_to_vector(np.asarray(ranges, dtype=np.float32), _quantiser(index).trained)
+        storage.is_trained = index.is_trained = True
     return index
 
 
-def _quantiser(index: faiss.IndexHNSWSQ) -> faiss.ScalarQuantizer:
-    """The scalar quantiser of a graph's vector storage."""
-    return cast(faiss.IndexScalarQuantizer, faiss.downcast_index(index.storage)).sq
+def _quantiser(index: faiss.Index) -> faiss.ScalarQuantizer:
+    """The scalar quantiser of an index's vectors: an exact index's own, a graph's
+    storage's."""
+    inner: Any = faiss.downcast_index(
+        index.index if isinstance(index, faiss.IndexIDMap2) else index
+    )
+    if isinstance(inner, faiss.IndexHNSW):
+        inner = faiss.downcast_index(inner.storage)
+    return cast(faiss.ScalarQuantizer, inner.sq)
 
 
 def _catch_up(nodes: int) -> float:

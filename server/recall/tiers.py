@@ -1,0 +1,271 @@
+"""A channel's vectors by heat tier (DESIGN §5): hot memories held at half precision, warm
+ones in 8 bits a dimension, cold ones in 4, each tier its own :class:`VectorIndex` (exact
+while small, an HNSW graph once large) and all of them searched together, best first.
+
+A tier holds rows of its own, each naming the channel label it is for: a memory that
+leaves a tier and comes back later takes a fresh row, as a graph cannot take a deleted
+row back. Which tier a memory belongs in is decided elsewhere (:func:`tiers_for`, by its
+heat); memories move only when told to (:meth:`TieredVectors.move`: in dreams and sweeps,
+never on the recall path). The scores of the tiers are each an estimate of the same
+cosine, so they are compared as they are.
+
+A quantised tier's ranges are trained on the bounds of the vectors the channel has been
+given; until it has been given :data:`SETTLED` (bounds from fewer misplace later vectors
+badly: 10 give 0.73 of exact search's ten nearest in 4 bits, 1,000 as many as 5,000),
+its warm and cold tiers hold their vectors at half precision, and are turned to their
+own precision once it has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from calor.server.recall.columns import Batch, heats_and_states, needs_record
+from calor.server.recall.vectors import APPROXIMATE_ABOVE, VectorIndex
+from calor.server.thermo.lifecycle import Clocks
+from calor.server.thermo.policy import ChannelPolicy
+
+__all__ = ["COLD", "HOT", "HOT_HEAT", "TIERS", "WARM", "TieredVectors", "tiers_for"]
+
+TIERS: tuple[tuple[str, str], ...] = (("hot", "half"), ("warm", "int8"), ("cold", "int4"))
+"""Each tier's name and precision, by its code."""
+HOT, WARM, COLD = 0, 1, 2
+HOT_HEAT = 0.5
+"""Heat from which a memory is hot (an episodic memory for its first day); below the
+channel's cold threshold it is cold, in between warm."""
+SETTLED = 1_024
+"""Vectors a channel is given before its bounds are trusted to train quantised tiers."""
+
+_F32 = npt.NDArray[np.float32]
+_I64 = npt.NDArray[np.int64]
+_I8 = npt.NDArray[np.int8]
+_NONE = -1
+
+
+def tiers_for(batch: Batch, policy: ChannelPolicy, clocks: Clocks) -> _I8:
+    """The tier each memory's heat now calls for (a working memory, young by nature,
+    is hot)."""
+    heat, _ = heats_and_states(batch, policy, clocks)
+    tiers = np.where(heat >= HOT_HEAT, HOT, np.where(heat >= policy.cold_threshold, WARM, COLD))
+    tiers[needs_record(batch)] = HOT
+    return tiers.astype(np.int8)
+
+
+class TieredVectors:
+    """Unit vectors by channel label, each in one tier; inner-product search across the
+    tiers. Not thread-safe: the caller holds the channel's lock around every call."""
+
+    def __init__(self, dim: int, approximate_above: int = APPROXIMATE_ABOVE) -> None:
+        self.dim = dim
+        self.approximate_above = approximate_above
+        self._tiers: list[VectorIndex | None] = [None] * len(TIERS)
+        self._label_at: list[_I64] = [np.zeros(0, dtype=np.int64) for _ in TIERS]
+        self._rows_used = [0] * len(TIERS)
+        self._tier_of: _I8 = np.full(0, _NONE, dtype=np.int8)  # by label
+        self._row_of: _I64 = np.zeros(0, dtype=np.int64)  # by label
+        # Each dimension's least and greatest value among the vectors ever added, and how
+        # many were: what a quantised tier's ranges are trained on, once there are enough.
+        self._bounds: _F32 | None = None
+        self._given = 0
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._tier_of != _NONE))
+
+    @property
+    def approximate(self) -> bool:
+        """Whether a tier searches through an HNSW graph."""
+        return any(index.approximate for _, index in self.held())
+
+    def held(self) -> list[tuple[int, VectorIndex]]:
+        """The tiers in use: (code, index)."""
+        return [(code, index) for code, index in enumerate(self._tiers) if index is not None]
+
+    def tiers_of(self, labels: _I64) -> _I8:
+        """The tier of each label (-1: not held)."""
+        inside = labels < self._tier_of.shape[0]
+        out = np.full(labels.shape, _NONE, dtype=np.int8)
+        out[inside] = self._tier_of[labels[inside]]
+        return out
+
+    def labels_of(self, code: int, rows: _I64) -> _I64:
+        """The channel labels of a tier's rows; -1 for -1, and for a row its label has
+        left (removed, or moved to another tier or row)."""
+        table = self._label_at[code]
+        if table.shape[0] == 0:
+            return np.full(rows.shape, _NONE, dtype=np.int64)
+        labels = table[np.clip(rows, 0, table.shape[0] - 1)]
+        known = (rows >= 0) & (rows < table.shape[0]) & (labels >= 0)
+        safe = np.where(known, labels, 0)
+        current = known & (self._tier_of[safe] == code) & (self._row_of[safe] == rows)
+        return np.where(current, labels, _NONE)
+
+    def rows_in(self, code: int, labels: _I64) -> _I64:
+        """Each label's row in a tier, -1 if the tier does not hold it."""
+        here = self.tiers_of(labels) == code
+        return np.where(here, self._row_of[np.where(here, labels, 0)], -1)
+
+    def add(self, labels: _I64, vectors: _F32, tiers: _I8) -> None:
+        """Hold new vectors (labels not held, one row each) in the given tiers."""
+        if labels.size == 0:
+            return
+        self._widen(vectors)
+        self._given += labels.size
+        self._settle()
+        self._place(labels, vectors, tiers)
+
+    def remove(self, label: int) -> None:
+        """Stop finding a label."""
+        if label >= self._tier_of.shape[0] or self._tier_of[label] == _NONE:
+            return
+        code = int(self._tier_of[label])
+        self._tier(code).remove(int(self._row_of[label]))
+        self._tier_of[label] = _NONE
+
+    def move(self, labels: _I64, tiers: _I8, vectors: _F32) -> None:
+        """Hold held labels in other tiers from now on, with ``vectors`` (whole, or read
+        back from a finer tier)."""
+        held = self.tiers_of(labels)
+        for code in np.unique(held[held != _NONE]).tolist():
+            chosen = labels[held == code]
+            self._tier(code).remove_many(self._row_of[chosen])
+            self._tier_of[chosen] = _NONE
+        self._place(labels, vectors, tiers)
+
+    def reconstruct(self, label: int) -> _F32:
+        """The vector held under a label, as its tier holds it."""
+        code = int(self._tier_of[label]) if label < self._tier_of.shape[0] else _NONE
+        if code == _NONE:
+            raise KeyError(label)
+        return self._tier(code).reconstruct(int(self._row_of[label]))
+
+    def reconstruct_batch(self, labels: _I64) -> _F32:
+        """The vectors held under labels (all held), one row each."""
+        out = np.empty((labels.shape[0], self.dim), dtype=np.float32)
+        codes = self.tiers_of(labels)
+        for code in np.unique(codes).tolist():
+            if code == _NONE:
+                raise KeyError(int(labels[codes == _NONE][0]))
+            chosen = codes == code
+            out[chosen] = self._tier(code).reconstruct_batch(self._row_of[labels[chosen]])
+        return out
+
+    def similarities(self, query: _F32, labels: _I64) -> _F32:
+        """The inner product of one query with the vector under each label (all held)."""
+        codes = self.tiers_of(labels)
+        if codes.size and (codes == codes[0]).all() and codes[0] != _NONE:
+            return self._tier(int(codes[0])).similarities(query, self._row_of[labels])
+        out = np.empty(labels.shape[0], dtype=np.float32)
+        for code in np.unique(codes).tolist():
+            if code == _NONE:
+                raise KeyError(int(labels[codes == _NONE][0]))
+            chosen = codes == code
+            out[chosen] = self._tier(code).similarities(query, self._row_of[labels[chosen]])
+        return out
+
+    def search(self, queries: _F32, k: int) -> tuple[_F32, _I64]:
+        """The ``k`` nearest held vectors of each query row across the tiers:
+        (similarities, labels), best first; label -1 pads."""
+        found = [(c, index.search(queries, k)) for c, index in self._searched()]
+        return self._merged(found, queries.shape[0], k)
+
+    def neighbours(self, queries: _F32, k: int) -> tuple[_F32, _I64]:
+        """:meth:`search` for a few neighbours to link to (see
+        :meth:`VectorIndex.neighbours`)."""
+        found = [(c, index.neighbours(queries, k)) for c, index in self._searched()]
+        return self._merged(found, queries.shape[0], k)
+
+    def wants_graph(self) -> bool:
+        """Whether a tier wants its graph built."""
+        return any(index.wants_graph() for _, index in self.held())
+
+    def wants_save(self) -> bool:
+        """Whether a tier's graph grew enough since it was saved to be saved again."""
+        return any(index.wants_save() for _, index in self.held())
+
+    # --- inner workings ----------------------------------------------------------------
+
+    def _searched(self) -> list[tuple[int, VectorIndex]]:
+        return [(code, index) for code, index in self.held() if index.live]
+
+    def _merged(
+        self, found: list[tuple[int, tuple[_F32, _I64]]], rows: int, k: int
+    ) -> tuple[_F32, _I64]:
+        """Each tier's results in channel labels, the best ``k`` of them per query row."""
+        if not found:
+            return np.empty((rows, 0), dtype=np.float32), np.empty((rows, 0), dtype=np.int64)
+        parts = [(sims, self.labels_of(code, rows)) for code, (sims, rows) in found]
+        if len(parts) == 1:
+            return parts[0]
+        sims = np.concatenate([s for s, _ in parts], axis=1)
+        labels = np.concatenate([lab for _, lab in parts], axis=1)
+        ranked = np.where(labels >= 0, sims, -np.inf)
+        order = np.argsort(-ranked, axis=1, kind="stable")[:, :k]
+        labels = np.take_along_axis(labels, order, axis=1)
+        sims = np.where(labels >= 0, np.take_along_axis(sims, order, axis=1), 0.0)
+        return sims.astype(np.float32), labels
+
+    def _tier(self, code: int) -> VectorIndex:
+        index = self._tiers[code]
+        if index is None:
+            index = self._tiers[code] = self._new_tier(code)
+        return index
+
+    def _new_tier(self, code: int) -> VectorIndex:
+        """An empty tier: at its precision, or at half until the bounds are settled."""
+        precision = TIERS[code][1]
+        if precision == "half" or self._given < SETTLED:
+            return VectorIndex(self.dim, self.approximate_above)
+        return VectorIndex(self.dim, self.approximate_above, precision, self._bounds)
+
+    def _settle(self) -> None:
+        """Once the bounds are settled, turn each tier held at half precision meanwhile
+        to its own, its vectors (read back at half precision) kept in the same rows."""
+        if self._given < SETTLED:
+            return
+        for code, index in enumerate(self._tiers):
+            if index is None or index.precision == TIERS[code][1]:
+                continue
+            labels = np.flatnonzero(self._tier_of == code)
+            rows = self._row_of[labels]
+            settled = self._new_tier(code)
+            settled.add(rows, index.reconstruct_batch(rows))
+            self._tiers[code] = settled
+
+    def _place(self, labels: _I64, vectors: _F32, tiers: _I8) -> None:
+        self._grow(int(labels.max()) + 1)
+        for code in np.unique(tiers).tolist():
+            chosen = tiers == code
+            self._put(code, labels[chosen], vectors[chosen])
+
+    def _put(self, code: int, labels: _I64, vectors: _F32) -> None:
+        start = self._rows_used[code]
+        rows = np.arange(start, start + labels.shape[0], dtype=np.int64)
+        table = self._label_at[code]
+        if rows[-1] >= table.shape[0]:
+            grown = np.full(max(int(rows[-1]) + 1, 2 * table.shape[0], 64), _NONE, np.int64)
+            grown[: table.shape[0]] = table
+            self._label_at[code] = table = grown
+        self._tier(code).add(rows, np.ascontiguousarray(vectors, dtype=np.float32))
+        table[rows] = labels
+        self._rows_used[code] = start + labels.shape[0]
+        self._tier_of[labels] = code
+        self._row_of[labels] = rows
+
+    def _widen(self, vectors: _F32) -> None:
+        least, most = vectors.min(axis=0), vectors.max(axis=0)
+        if self._bounds is None:
+            self._bounds = np.stack([least, most]).astype(np.float32)
+        else:
+            np.minimum(self._bounds[0], least, out=self._bounds[0])
+            np.maximum(self._bounds[1], most, out=self._bounds[1])
+
+    def _grow(self, least: int) -> None:
+        if least <= self._tier_of.shape[0]:
+            return
+        size = max(least, 2 * self._tier_of.shape[0], 64)
+        tier_of = np.full(size, _NONE, dtype=np.int8)
+        tier_of[: self._tier_of.shape[0]] = self._tier_of
+        row_of = np.zeros(size, dtype=np.int64)
+        row_of[: self._row_of.shape[0]] = self._row_of
+        self._tier_of, self._row_of = tier_of, row_of

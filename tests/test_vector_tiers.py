@@ -1,0 +1,187 @@
+"""Vectors by heat tier (DESIGN §5): hot memories held at half precision, warm ones in 8
+bits, cold ones in 4; recall searches all tiers together and compares their scores as
+they are; memories change tier in dreams and sweeps, never when recalled, and one that
+warms up again takes its whole vector from RocksDB (real FAISS; generated clustered
+vectors, then the real server, model and RocksDB with a clock the test moves)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calor.server.clock import ManualClock
+from calor.server.recall.tiers import COLD, HOT, SETTLED, WARM, TieredVectors
+from calor.server.recall.vectors import VectorIndex
+from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
+from tests.conftest import ServerThread
+from tests.test_large_channels import clustered, exact_top, recall_at
+
+DIM = 32
+DAY = 86_400.0
+
+
+def bounds(vectors: np.ndarray) -> np.ndarray:
+    return np.stack([vectors.min(axis=0), vectors.max(axis=0)])
+
+
+@pytest.mark.parametrize(
+    ("precision", "least_recall", "bytes_per_vector"),
+    [("half", 0.99, 2 * DIM), ("int8", 0.97, DIM), ("int4", 0.7, DIM // 2)],
+)
+@pytest.mark.parametrize("through_graph", [False, True])
+def test_each_precision_finds_what_exact_float32_finds(
+    precision: str, least_recall: float, bytes_per_vector: int, through_graph: bool
+) -> None:
+    vectors = clustered(1_500)
+    index = VectorIndex(DIM, 500, precision, bounds(vectors))
+    index.add(np.arange(1_500, dtype=np.int64), vectors)
+    if through_graph:
+        build = index.snapshot()
+        build.run()
+        assert index.install(build) and index.approximate
+    queries = clustered(60, seed=9)
+    _, found = index.search(queries, 10)
+    whole = dict(enumerate(vectors))
+    wanted = [exact_top(whole, q, 10) for q in queries]
+    assert np.mean([recall_at(f, w) for f, w in zip(found, wanted, strict=True)]) >= least_recall
+    held = index.reconstruct_batch(np.arange(1_500, dtype=np.int64))
+    assert np.abs(held @ queries.T - vectors @ queries.T).max() < 0.1, "scores are cosines"
+    assert index.code_size == bytes_per_vector
+
+
+def test_a_quantised_index_needs_the_bounds_of_its_vectors() -> None:
+    with pytest.raises(ValueError, match="bounds"):
+        VectorIndex(DIM, precision="int8")
+
+
+def tiered(vectors: np.ndarray, tiers: np.ndarray) -> TieredVectors:
+    held = TieredVectors(DIM, approximate_above=400)
+    held.add(np.arange(len(vectors), dtype=np.int64), vectors, tiers.astype(np.int8))
+    return held
+
+
+def test_search_compares_the_tiers_scores_as_cosines() -> None:
+    """A third of the memories in each tier: the ten nearest across tiers are nearly the
+    ten nearest by exact float32 cosine (4 bits blur near ties), wherever each is held,
+    best first, each with a score near its cosine."""
+    vectors = clustered(1_200)
+    tiers = np.arange(1_200) % 3
+    held = tiered(vectors, tiers)
+    assert [code for code, _ in held.held()] == [HOT, WARM, COLD]
+    queries = clustered(60, seed=9)
+    sims, found = held.search(queries, 10)
+    whole = dict(enumerate(vectors))
+    wanted = [exact_top(whole, q, 10) for q in queries]
+    assert np.mean([recall_at(f, w) for f, w in zip(found, wanted, strict=True)]) >= 0.85
+    assert (np.diff(sims, axis=1) <= 1e-6).all(), "best first across tiers"
+    assert set(held.tiers_of(found.ravel()).tolist()) == {HOT, WARM, COLD}
+    exact = np.einsum("ij,ij->i", vectors[found[:, 0]], queries)
+    assert np.abs(sims[:, 0] - exact).max() < 0.05
+    labels = np.array([5, 6, 7, 300], dtype=np.int64)
+    assert held.similarities(queries[0], labels) == pytest.approx(
+        vectors[labels] @ queries[0], abs=0.05
+    )
+
+
+def test_a_moved_memory_is_found_once_in_its_new_tier_even_through_graphs() -> None:
+    vectors = clustered(900)
+    held = tiered(vectors, np.zeros(900))
+    for _, index in held.held():
+        build = index.snapshot()
+        build.run()
+        assert index.install(build)
+    moving = np.arange(0, 900, 2, dtype=np.int64)
+    held.move(moving, np.full(moving.size, COLD, dtype=np.int8), vectors[moving])
+    held.move(moving[:10], np.full(10, HOT, dtype=np.int8), vectors[moving[:10]])  # and back
+    assert held.tiers_of(moving[:12]).tolist() == [HOT] * 10 + [COLD] * 2
+    _, found = held.search(vectors[:40], 5)
+    for row, label in enumerate(range(40)):
+        assert found[row, 0] == label, "each memory finds itself first"
+        assert len(set(found[row].tolist())) == 5, "no memory twice"
+    held.remove(4)
+    _, found = held.search(vectors[[4]], 900)
+    assert 4 not in found[0] and (found[0] >= 0).sum() == 899
+
+
+# --- through the server: re-tiered in dreams, by heat -------------------------------
+
+
+def stored_vector(server: ServerThread, memory_id: str) -> np.ndarray:
+    whole = server.server.runtime.engine._store.get_vector("tiers", memory_id)
+    assert whole is not None
+    return whole
+
+
+def tiers_now(server: ServerThread, ids: list[str]) -> list[int]:
+    view = server.server.runtime.engine.channels.find("tiers")
+    with view.lock:
+        return view.index.vectors.tiers_of(view.index.labels(ids)).tolist()
+
+
+def test_memories_change_tier_as_they_cool_in_dreams_and_never_when_recalled(
+    manual_server: tuple[ServerThread, ManualClock, memory_service_pb2_grpc.MemoryServiceStub],
+) -> None:
+    server, clock, stub = manual_server
+    texts = [
+        "The staging database runs on port 5433.",
+        "Mira prefers tea without sugar in the afternoon.",
+        "The quarterly report is due on the ninth of March.",
+        "Our build agents run Debian trixie with two cores each.",
+    ]
+    semantic = memory_pb2.MEMORY_TYPE_SEMANTIC  # half-life 30 days
+    ids = [
+        stub.Store(
+            memory_service_pb2.StoreRequest(channel="tiers", text=t, memory_type=semantic)
+        ).memory.id
+        for t in texts
+    ]
+    assert tiers_now(server, ids) == [HOT] * 4, "new memories are hot"
+
+    def dream() -> int:
+        return stub.Dream(memory_service_pb2.DreamRequest(channel="tiers")).retiered
+
+    def first_hit(text: str, peek: bool = True) -> str:
+        request = memory_service_pb2.RecallRequest(channel="tiers", query=text, peek=peek)
+        return stub.Recall(request).hits[0].memory.id
+
+    clock.advance(60 * DAY)  # heat 1/4
+    assert tiers_now(server, ids) == [HOT] * 4, "heat alone moves nothing"
+    assert dream() == 4
+    assert tiers_now(server, ids) == [WARM] * 4
+    assert [first_hit(t) for t in texts] == ids
+    clock.advance(60 * DAY)  # heat 1/16: below the cold threshold
+    assert dream() == 4
+    assert tiers_now(server, ids) == [COLD] * 4
+    assert [first_hit(t) for t in texts] == ids, "cold memories are still found first"
+
+    assert first_hit(texts[1], peek=False) == ids[1]  # recalled: heat 1/16 + 0.15
+    assert tiers_now(server, ids) == [COLD] * 4, "never re-tiered on the recall path"
+    assert dream() == 1
+    assert tiers_now(server, ids) == [COLD, WARM, COLD, COLD]
+    view = server.server.runtime.engine.channels.find("tiers")
+    with view.lock:
+        held = view.index.vector(ids[1])
+    whole = stored_vector(server, ids[1])
+    assert held is not None
+    # Back from 4 bits in 8, from the whole vector: within 8-bit rounding of it.
+    assert np.abs(held - whole).max() < 0.01
+    assert dream() == 0, "a dream with nothing cooler or warmer moves nothing"
+
+
+def test_quantised_tiers_wait_for_settled_bounds_then_turn_to_their_precision() -> None:
+    """Ranges trained on a handful of vectors would misplace the next ones: until the
+    channel has been given SETTLED vectors its cold tier holds them at half precision;
+    then it turns to 4 bits, keeping every memory findable."""
+    vectors = clustered(SETTLED + 200)
+    held = TieredVectors(DIM)
+    few = np.arange(10, dtype=np.int64)
+    held.add(few, vectors[:10], np.full(10, COLD, dtype=np.int8))
+    assert dict(held.held())[COLD].precision == "half"
+    rest = np.arange(10, SETTLED + 200, dtype=np.int64)
+    held.add(rest, vectors[10:], np.full(rest.size, COLD, dtype=np.int8))
+    cold = dict(held.held())[COLD]
+    assert cold.precision == "int4" and cold.live == SETTLED + 200
+    kept = held.reconstruct_batch(few)
+    assert np.abs(kept - vectors[:10]).max() < 0.05, "within 4-bit rounding of each vector"
+    _, found = held.search(vectors[:10], 10)
+    assert all(label in row for label, row in zip(few, found, strict=True))
