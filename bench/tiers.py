@@ -4,7 +4,7 @@ each memory's vector costs, for several mixes of hot, warm and cold memories.
 N short memories (the peers bench's corpus) and Q queries are embedded once with the
 server's model (cached under ``bench/.cache/``), held in a channel's
 :class:`~calor.server.recall.tiers.TieredVectors` with a given share in each tier
-(hot: half precision, warm: 8 bits, cold: 4 bits a dimension), and searched exactly
+(their precisions are ``TIERS``'), and searched exactly
 and through HNSW graphs. recall@10 is against exact float32 search over the same
 vectors. Prints a table and writes JSON::
 

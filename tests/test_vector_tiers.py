@@ -1,8 +1,9 @@
-"""Vectors by heat tier (DESIGN §5): hot memories held at half precision, warm ones in 8
-bits, cold ones in 4; recall searches all tiers together and compares their scores as
-they are; memories change tier in dreams and sweeps, never when recalled, and one that
-warms up again takes its whole vector from RocksDB (real FAISS; generated clustered
-vectors, then the real server, model and RocksDB with a clock the test moves)."""
+"""Vectors by heat tier (DESIGN §5): hot memories held at half precision, warm and cold
+ones quantised (an index may hold half, 8- or 4-bit vectors); recall searches all tiers
+together and compares their scores as they are; memories change tier in dreams and
+sweeps, never when recalled, and one that warms up again takes its whole vector from
+RocksDB (real FAISS; generated clustered vectors, then the real server, model and
+RocksDB with a clock the test moves)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from calor.server.clock import ManualClock
-from calor.server.recall.tiers import COLD, HOT, SETTLED, WARM, TieredVectors
+from calor.server.recall.tiers import COLD, HOT, SETTLED, TIERS, WARM, TieredVectors
 from calor.server.recall.vectors import VectorIndex
 from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
 from tests.conftest import ServerThread
@@ -62,7 +63,7 @@ def tiered(vectors: np.ndarray, tiers: np.ndarray) -> TieredVectors:
 
 def test_search_compares_the_tiers_scores_as_cosines() -> None:
     """A third of the memories in each tier: the ten nearest across tiers are nearly the
-    ten nearest by exact float32 cosine (4 bits blur near ties), wherever each is held,
+    ten nearest by exact float32 cosine (quantising blurs near ties), wherever each is held,
     best first, each with a score near its cosine."""
     vectors = clustered(1_200)
     tiers = np.arange(1_200) % 3
@@ -163,7 +164,7 @@ def test_memories_change_tier_as_they_cool_in_dreams_and_never_when_recalled(
         held = view.index.vector(ids[1])
     whole = stored_vector(server, ids[1])
     assert held is not None
-    # Back from 4 bits in 8, from the whole vector: within 8-bit rounding of it.
+    # Back in a finer tier from the whole vector: within 8-bit rounding of it.
     assert np.abs(held - whole).max() < 0.01
     assert dream() == 0, "a dream with nothing cooler or warmer moves nothing"
 
@@ -171,7 +172,7 @@ def test_memories_change_tier_as_they_cool_in_dreams_and_never_when_recalled(
 def test_quantised_tiers_wait_for_settled_bounds_then_turn_to_their_precision() -> None:
     """Ranges trained on a handful of vectors would misplace the next ones: until the
     channel has been given SETTLED vectors its cold tier holds them at half precision;
-    then it turns to 4 bits, keeping every memory findable."""
+    then it turns to its own precision, keeping every memory findable."""
     vectors = clustered(SETTLED + 200)
     held = TieredVectors(DIM)
     few = np.arange(10, dtype=np.int64)
@@ -180,8 +181,8 @@ def test_quantised_tiers_wait_for_settled_bounds_then_turn_to_their_precision() 
     rest = np.arange(10, SETTLED + 200, dtype=np.int64)
     held.add(rest, vectors[10:], np.full(rest.size, COLD, dtype=np.int8))
     cold = dict(held.held())[COLD]
-    assert cold.precision == "int4" and cold.live == SETTLED + 200
+    assert cold.precision == TIERS[COLD][1] != "half" and cold.live == SETTLED + 200
     kept = held.reconstruct_batch(few)
-    assert np.abs(kept - vectors[:10]).max() < 0.05, "within 4-bit rounding of each vector"
+    assert np.abs(kept - vectors[:10]).max() < 0.05, "within rounding of each vector"
     _, found = held.search(vectors[:10], 10)
     assert all(label in row for label, row in zip(few, found, strict=True))

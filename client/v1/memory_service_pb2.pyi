@@ -1216,7 +1216,7 @@ class DreamResponse(_message.Message):
     summarised: _builtins.int
     retiered: _builtins.int
     """Memories moved to the vector tier their heat now calls for (hot: half precision,
-    warm: 8 bits, cold: 4 bits a dimension).
+    warm and cold: 8 bits a dimension).
     """
     @_builtins.property
     def archived_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:

@@ -1,6 +1,7 @@
 """A channel's vectors by heat tier (DESIGN §5): hot memories held at half precision, warm
-ones in 8 bits a dimension, cold ones in 4, each tier its own :class:`VectorIndex` (exact
-while small, an HNSW graph once large) and all of them searched together, best first.
+and cold ones in 8 bits a dimension (:data:`TIERS`), each tier its own
+:class:`VectorIndex` (exact while small, an HNSW graph once large) and all of them
+searched together, best first.
 
 A tier holds rows of its own, each naming the channel label it is for: a memory that
 leaves a tier and comes back later takes a fresh row, as a graph cannot take a deleted
@@ -28,8 +29,11 @@ from calor.server.thermo.policy import ChannelPolicy
 
 __all__ = ["COLD", "HOT", "HOT_HEAT", "TIERS", "WARM", "TieredVectors", "tiers_for"]
 
-TIERS: tuple[tuple[str, str], ...] = (("hot", "half"), ("warm", "int8"), ("cold", "int4"))
-"""Each tier's name and precision, by its code."""
+TIERS: tuple[tuple[str, str], ...] = (("hot", "half"), ("warm", "int8"), ("cold", "int8"))
+"""Each tier's name and precision, by its code. Cold is meant to be 4 bits (an eighth of
+float32), but 4 bits find 0.88 of exact search's ten nearest (8 bits 0.99, on 20,000 of
+the peers corpus, ``bench/tiers.py``): it waits for recall to score 4-bit candidates
+again from their whole vectors."""
 HOT, WARM, COLD = 0, 1, 2
 HOT_HEAT = 0.5
 """Heat from which a memory is hot (an episodic memory for its first day); below the
