@@ -73,9 +73,6 @@ class TieredVectors:
         self._bounds: _F32 | None = None
         self._given = 0
 
-    def __len__(self) -> int:
-        return int(np.count_nonzero(self._tier_of != _NONE))
-
     @property
     def approximate(self) -> bool:
         """Whether a tier searches through an HNSW graph."""
@@ -146,24 +143,14 @@ class TieredVectors:
     def reconstruct_batch(self, labels: _I64) -> _F32:
         """The vectors held under labels (all held), one row each."""
         out = np.empty((labels.shape[0], self.dim), dtype=np.float32)
-        codes = self.tiers_of(labels)
-        for code in np.unique(codes).tolist():
-            if code == _NONE:
-                raise KeyError(int(labels[codes == _NONE][0]))
-            chosen = codes == code
+        for code, chosen in self._by_tier(labels):
             out[chosen] = self._tier(code).reconstruct_batch(self._row_of[labels[chosen]])
         return out
 
     def similarities(self, query: _F32, labels: _I64) -> _F32:
         """The inner product of one query with the vector under each label (all held)."""
-        codes = self.tiers_of(labels)
-        if codes.size and (codes == codes[0]).all() and codes[0] != _NONE:
-            return self._tier(int(codes[0])).similarities(query, self._row_of[labels])
         out = np.empty(labels.shape[0], dtype=np.float32)
-        for code in np.unique(codes).tolist():
-            if code == _NONE:
-                raise KeyError(int(labels[codes == _NONE][0]))
-            chosen = codes == code
+        for code, chosen in self._by_tier(labels):
             out[chosen] = self._tier(code).similarities(query, self._row_of[labels[chosen]])
         return out
 
@@ -189,6 +176,15 @@ class TieredVectors:
 
     # --- inner workings ----------------------------------------------------------------
 
+    def _by_tier(self, labels: _I64) -> list[tuple[int, npt.NDArray[np.bool_]]]:
+        """Held labels grouped by tier: (code, which of them); KeyError for one not held."""
+        codes = self.tiers_of(labels)
+        if codes.size and (codes == codes[0]).all() and codes[0] != _NONE:
+            return [(int(codes[0]), np.ones(codes.size, dtype=bool))]  # the common case
+        if (codes == _NONE).any():
+            raise KeyError(int(labels[codes == _NONE][0]))
+        return [(code, codes == code) for code in np.unique(codes).tolist()]
+
     def _searched(self) -> list[tuple[int, VectorIndex]]:
         return [(code, index) for code, index in self.held() if index.live]
 
@@ -198,7 +194,7 @@ class TieredVectors:
         """Each tier's results in channel labels, the best ``k`` of them per query row."""
         if not found:
             return np.empty((rows, 0), dtype=np.float32), np.empty((rows, 0), dtype=np.int64)
-        parts = [(sims, self.labels_of(code, rows)) for code, (sims, rows) in found]
+        parts = [(sims, self.labels_of(code, held)) for code, (sims, held) in found]
         if len(parts) == 1:
             return parts[0]
         sims = np.concatenate([s for s, _ in parts], axis=1)

@@ -430,14 +430,13 @@ class VectorIndex:
         ``prints``) and the ``tombstones`` searches skip; the vectors of ``add`` are
         caught up into it first. It counts as saved at the size it came with."""
         self._saved_nodes = graph.ntotal
+        vectors = self.reconstruct_batch(add)
+        if add.size:
+            graph.add_with_ids(vectors, add)
         if not self.quantised:  # a quantised index kept its own all along
             self._prints = np.zeros(0, dtype=np.uint64)
             self._note_prints(labels, prints)
-        if add.size:
-            vectors = self.reconstruct_batch(add)
-            graph.add_with_ids(vectors, add)
-            if not self.quantised:
-                self._note_prints(add, fingerprints(vectors))
+            self._note_prints(add, fingerprints(vectors))
         self._index = graph
         self._tombstones = tombstones
         self._tombstone_cache = None
