@@ -1,17 +1,24 @@
 """Vectors by heat tier (DESIGN §5): hot memories held at half precision, warm and cold
-ones quantised (an index may hold half, 8- or 4-bit vectors); recall searches all tiers
-together and compares their scores as they are; memories change tier in dreams and
-sweeps, never when recalled, and one that warms up again takes its whole vector from
+ones quantised (an index may hold half, 8- or 4-bit vectors; a cold tier's graph holds
+4 bits, and its best hits are scored again from their whole vectors); recall searches
+all tiers together and compares their scores as cosines; memories change tier in dreams
+and sweeps, never when recalled, and one that warms up again takes its whole vector from
 RocksDB (real FAISS; generated clustered vectors, then the real server, model and
 RocksDB with a clock the test moves)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from calor.client import CalorClient
+from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock
-from calor.server.recall.tiers import COLD, HOT, SETTLED, TIERS, WARM, TieredVectors
+from calor.server.config import ServerConfig
+from calor.server.recall.tiers import COLD, HOT, RESCORED, SETTLED, TIERS, WARM, TieredVectors
 from calor.server.recall.vectors import VectorIndex
 from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
 from tests.conftest import ServerThread
@@ -186,3 +193,118 @@ def test_quantised_tiers_wait_for_settled_bounds_then_turn_to_their_precision() 
     assert np.abs(kept - vectors[:10]).max() < 0.05, "within rounding of each vector"
     _, found = held.search(vectors[:10], 10)
     assert all(label in row for label, row in zip(few, found, strict=True))
+
+
+# --- a cold tier's graph: 4 bits, its best hits scored again whole -----------------
+
+
+class WholeVectors:
+    """Where whole vectors are kept (RocksDB in the server): labels to rows, and which
+    were found; counts what it was asked for."""
+
+    def __init__(self, vectors: np.ndarray, missing: frozenset[int] = frozenset()) -> None:
+        self.vectors, self.missing, self.asked = vectors, missing, 0
+
+    def __call__(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.asked += labels.size
+        found = np.array([label not in self.missing for label in labels.tolist()], dtype=bool)
+        return np.where(found[:, None], self.vectors[labels], 0.0).astype(np.float32), found
+
+
+def cold_through_graph(vectors: np.ndarray, whole: WholeVectors | None) -> TieredVectors:
+    held = TieredVectors(DIM, approximate_above=400, whole=whole)
+    held.add(np.arange(len(vectors), dtype=np.int64), vectors, np.full(len(vectors), COLD, np.int8))
+    cold = dict(held.held())[COLD]
+    assert cold.precision == "int8", "searched exactly, cold vectors are held in 8 bits"
+    build = cold.snapshot()
+    build.run()
+    assert cold.install(build)
+    return held
+
+
+def test_a_cold_graph_holds_four_bits_and_scores_its_best_hits_whole() -> None:
+    vectors = clustered(1_500)
+    whole = WholeVectors(vectors)
+    held = cold_through_graph(vectors, whole)
+    cold = dict(held.held())[COLD]
+    assert (cold.precision, cold.code_size) == ("int4", DIM // 2)
+    queries = clustered(60, seed=9)
+    sims, found = held.search(queries, 10)
+    assert whole.asked == 60 * RESCORED, "each query's best hits, read whole once"
+    exact = np.einsum("ij,ikj->ik", queries, vectors[found])
+    assert sims == pytest.approx(exact, abs=1e-5), "each hit's score is its exact cosine"
+    assert (np.diff(sims, axis=1) <= 1e-6).all(), "best first"
+    every = dict(enumerate(vectors))
+    wanted = [exact_top(every, q, 10) for q in queries]
+    assert np.mean([recall_at(f, w) for f, w in zip(found, wanted, strict=True)]) >= 0.97
+    labels = np.array([3, 700, 1_499], dtype=np.int64)
+    assert held.similarities(queries[0], labels) == pytest.approx(
+        vectors[labels] @ queries[0], abs=1e-6
+    )
+
+
+def test_a_hit_whose_whole_vector_is_not_found_keeps_its_estimate() -> None:
+    vectors = clustered(1_500)
+    held = cold_through_graph(vectors, WholeVectors(vectors, missing=frozenset({5})))
+    sims, found = held.search(vectors[[5]], 3)
+    assert found[0, 0] == 5, "still found, by its 4-bit estimate"
+    assert sims[0, 0] == pytest.approx(1.0, abs=0.1) and sims[0, 0] != pytest.approx(1.0)
+    assert held.similarities(vectors[6], np.array([5, 6])) == pytest.approx(
+        [vectors[5] @ vectors[6], 1.0], abs=(0.1)
+    )
+
+
+def test_a_cold_channel_is_scored_from_rocksdb_through_the_server(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    """Through the real server, model and RocksDB: a large channel gone cold is searched
+    through a 4-bit graph, each hit scored with the vector RocksDB keeps, also after a
+    restart (the graph restored)."""
+    texts = [
+        f"Note {i}: the {colour} crate on shelf {i % 37} holds {i * 3} {thing}."
+        for i, (colour, thing) in enumerate(
+            zip(
+                ["red", "blue", "green", "amber", "grey", "white"] * 200,
+                ["bolts", "cables", "lamps", "gears", "valves", "fuses", "hinges"] * 172,
+                strict=False,
+            )
+        )
+    ]
+    assert len(texts) > SETTLED
+    clock = ManualClock(1_780_000_000.0)
+    config = ServerConfig(data_dir=tmp_path, host="127.0.0.1", port=0, approximate_above=300)
+    query = embedder.embed_queries(["which crate holds the fuses on shelf 12?"])[0]
+
+    def cold_hits(server: ServerThread) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        view = server.server.runtime.engine.channels.find("cold")
+        deadline = time.monotonic() + 60
+        while True:
+            with view.lock:
+                cold = dict(view.index.vectors.held()).get(COLD)
+                if cold is not None and cold.approximate:
+                    labels, sims = view.index.dense(query, 20)
+                    ids = view.index.memory_ids(labels)
+                    break
+            assert time.monotonic() < deadline, "the cold tier's graph was not built"
+            time.sleep(0.05)
+        assert cold.precision == "int4"
+        stored, found = server.server.runtime.engine._store.get_vectors("cold", ids)
+        assert found.all()
+        return labels, sims, stored @ query
+
+    server = ServerThread(config, clock, lambda: embedder)
+    try:
+        with CalorClient(server.target, channel="cold") as client:
+            client.store_many(texts, memory_type="semantic")
+            clock.advance(120 * DAY)  # heat 1/16: cold, still live
+            assert client.dream().retiered == len(texts)
+        _, sims, exact = cold_hits(server)
+        assert sims == pytest.approx(exact, abs=1e-5)
+    finally:
+        server.stop()
+    again = ServerThread(config, clock, lambda: embedder)
+    try:
+        _, sims, exact = cold_hits(again)
+        assert sims == pytest.approx(exact, abs=1e-5)
+    finally:
+        again.stop()

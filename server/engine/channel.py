@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from calor.models.entities import entity_key
 from calor.server.clock import Clock
@@ -25,7 +26,7 @@ from calor.server.engine.rejections import Rejections
 from calor.server.engine.results import Current
 from calor.server.engine.states import RecordTable, states_now
 from calor.server.recall.columns import Batch
-from calor.server.recall.index import ChannelIndex
+from calor.server.recall.index import ChannelIndex, WholeByIds
 from calor.server.recall.tiers import COLD as COLD_TIER
 from calor.server.recall.tiers import HOT as HOT_TIER
 from calor.server.recall.tiers import tiers_for
@@ -113,8 +114,9 @@ class Channel:
     """A dream the curator's schedule asked for is under way."""
     on_due: Callable[[float, str], None] | None = None
     on_large: Callable[[Channel], None] | None = None
-    whole_vector: Callable[[str], np.ndarray | None] | None = None
-    """A memory's embedding as the store keeps it, whole (a vector tier holds it coarser)."""
+    whole_vectors: WholeByIds | None = None
+    """Memories' embeddings as the store keeps them, whole (a vector tier holds them
+    coarser), and which were found."""
     approximate_above: int = APPROXIMATE_ABOVE
     _ids: list[str] = field(default_factory=list)
     _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
@@ -336,11 +338,18 @@ class Channel:
         """An empty live index and attic, each telling the graph of the memories that
         move in or out (see :meth:`places`). They hold the graph, not the view: the
         registry tells a view nobody holds by its reference count."""
-        moved = self.graph.unmark
+        moved, whole = self.graph.unmark, self._whole
         return (
-            ChannelIndex(self.dim, self.approximate_above, on_move=moved, tier=HOT_TIER),
-            ChannelIndex(self.dim, self.approximate_above, on_move=moved, tier=COLD_TIER),
+            ChannelIndex(self.dim, self.approximate_above, moved, HOT_TIER, whole),
+            ChannelIndex(self.dim, self.approximate_above, moved, COLD_TIER, whole),
         )
+
+    def _whole(self, memory_ids: list[str]) -> tuple[np.ndarray, npt.NDArray[np.bool_]]:
+        """Memories' whole embeddings from the store (none found without one)."""
+        if self.whole_vectors is None:
+            none = len(memory_ids)
+            return np.zeros((none, self.dim), np.float32), np.zeros(none, bool)
+        return self.whole_vectors(memory_ids)
 
     def _placing(self, target: ChannelIndex) -> Callable[[Batch], np.ndarray] | None:
         """How memories arriving in an index find their vector tier: in the live index by
@@ -366,11 +375,10 @@ class Channel:
             return 0
         chosen = labels[moving]
         matrix = vectors.reconstruct_batch(chosen)
-        if self.whole_vector is not None:
-            for row in np.flatnonzero(wanted[moving] < held[moving]).tolist():
-                whole = self.whole_vector(ids[moving[row]])
-                if whole is not None:
-                    matrix[row] = whole
+        finer = np.flatnonzero(wanted[moving] < held[moving])
+        if finer.size:
+            whole, found = self._whole([ids[row] for row in moving[finer].tolist()])
+            matrix[finer[found]] = whole[found]
         vectors.move(chosen, wanted[moving], matrix)
         return int(moving.size)
 
@@ -424,8 +432,8 @@ class Channel:
     def _vector_of(self, memory_id: str, index: ChannelIndex) -> np.ndarray | None:
         """A memory's embedding to index elsewhere: whole from the store, else as the
         index holds it."""
-        whole = self.whole_vector(memory_id) if self.whole_vector is not None else None
-        return whole if whole is not None else index.vector(memory_id)
+        whole, found = self._whole([memory_id])
+        return whole[0] if found[0] else index.vector(memory_id)
 
     def _set_heats(self, op: SetHeat) -> None:
         """Heat alone changed: the records and the columns take it. It only rose, on

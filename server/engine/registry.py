@@ -244,7 +244,7 @@ class ChannelRegistry:
         )
         channel.on_due = self.due.note
         channel.on_large = self.graphs.note
-        channel.whole_vector = functools.partial(self._store.get_vector, name)
+        channel.whole_vectors = functools.partial(self._store.get_vectors, name)
         channel.revision, channel.arrivals = self._retired.get(name, (0, 0))
         return channel
 

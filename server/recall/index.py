@@ -20,7 +20,11 @@ from calor.server.recall.tiers import HOT, TieredVectors
 from calor.server.recall.vectors import APPROXIMATE_ABOVE, VectorIndex
 from calor.server.records import MemoryRecord
 
-__all__ = ["ChannelIndex", "ScratchIndex"]
+__all__ = ["ChannelIndex", "ScratchIndex", "WholeByIds"]
+
+WholeByIds = Callable[[list[str]], tuple[np.ndarray, npt.NDArray[np.bool_]]]
+"""Memory ids to their embeddings as the store keeps them, whole (one row each), and
+which of them were found."""
 
 # One query against a flat index is a single matrix-vector product: FAISS's OpenMP
 # threads cost far more to wake than they save (measured: 12.5 ms with 2 threads,
@@ -41,11 +45,15 @@ class ChannelIndex:
         approximate_above: int = APPROXIMATE_ABOVE,
         on_move: Callable[[str], None] | None = None,
         tier: int = HOT,
+        whole: WholeByIds | None = None,
     ) -> None:
         self.dim = dim
         self.on_move = on_move
         """Told of each memory that enters or leaves the index (its label changes)."""
-        self.vectors = TieredVectors(dim, approximate_above)
+        self._whole = whole
+        self.vectors = TieredVectors(
+            dim, approximate_above, whole=None if whole is None else self._whole_by_label
+        )
         """The embeddings by heat tier (each searched exactly, or through an HNSW graph
         once large)."""
         self.tier = tier
@@ -173,6 +181,12 @@ class ChannelIndex:
         """The indexed embedding of a memory."""
         label = self._label_of.get(memory_id)
         return None if label is None else self.vectors.reconstruct(label)
+
+    def _whole_by_label(
+        self, labels: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, npt.NDArray[np.bool_]]:
+        assert self._whole is not None
+        return self._whole(self.memory_ids(labels))
 
     def similarities(self, query: np.ndarray, labels: npt.NDArray[np.int64]) -> np.ndarray:
         """Cosine of the query with each labelled memory's embedding."""

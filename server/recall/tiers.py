@@ -1,14 +1,20 @@
 """A channel's vectors by heat tier (DESIGN §5): hot memories held at half precision, warm
-and cold ones in 8 bits a dimension (:data:`TIERS`), each tier its own
-:class:`VectorIndex` (exact while small, an HNSW graph once large) and all of them
+ones in 8 bits a dimension and cold ones in 4 once many (:data:`TIERS`), each tier its
+own :class:`VectorIndex` (exact while small, an HNSW graph once large) and all of them
 searched together, best first.
+
+4 bits a dimension find about 0.88 of exact search's ten nearest on their own; so a
+search scores the best :data:`RESCORED` of a 4-bit tier's hits again from their whole
+vectors, read from where they are kept whole (RocksDB, through ``whole``), and so does
+:meth:`TieredVectors.similarities` for a memory in such a tier. Without ``whole`` (or for
+a memory not found there), the tier's own estimate stands.
 
 A tier holds rows of its own, each naming the channel label it is for: a memory that
 leaves a tier and comes back later takes a fresh row, as a graph cannot take a deleted
 row back. Which tier a memory belongs in is decided elsewhere (:func:`tiers_for`, by its
 heat); memories move only when told to (:meth:`TieredVectors.move`: in dreams and sweeps,
 never on the recall path). The scores of the tiers are each an estimate of the same
-cosine, so they are compared as they are.
+cosine (or the cosine itself, once scored again), so they are compared as they are.
 
 A quantised tier's ranges are trained on the bounds of the vectors the channel has been
 given; until it has been given :data:`SETTLED` (bounds from fewer misplace later vectors
@@ -19,6 +25,8 @@ own precision once it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -27,13 +35,33 @@ from calor.server.recall.vectors import APPROXIMATE_ABOVE, VectorIndex
 from calor.server.thermo.lifecycle import Clocks
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["COLD", "HOT", "HOT_HEAT", "TIERS", "WARM", "TieredVectors", "tiers_for"]
+__all__ = [
+    "COLD",
+    "HOT",
+    "HOT_HEAT",
+    "RESCORED",
+    "TIERS",
+    "WARM",
+    "TieredVectors",
+    "WholeVectors",
+    "tiers_for",
+]
 
-TIERS: tuple[tuple[str, str], ...] = (("hot", "half"), ("warm", "int8"), ("cold", "int8"))
-"""Each tier's name and precision, by its code. Cold is meant to be 4 bits (an eighth of
-float32), but 4 bits find 0.88 of exact search's ten nearest (8 bits 0.99, on 20,000 of
-the peers corpus, ``bench/tiers.py``): it waits for recall to score 4-bit candidates
-again from their whole vectors."""
+TIERS: tuple[tuple[str, str, str], ...] = (
+    ("hot", "half", "half"),
+    ("warm", "int8", "int8"),
+    ("cold", "int8", "int4"),
+)
+"""Each tier's name, precision while searched exactly and precision in its graph, by its
+code: a quarter of float32's memory for warm vectors, and an eighth for cold ones once
+they are many. (An exact search decodes every vector: 4 bits cost half as much again as
+8 to scan, 2.3 against 1.5 ms over 20,000; a graph visits a few hundred.)"""
+RESCORED_PRECISIONS = frozenset({"int4"})
+"""Precisions too coarse to rank by alone: their best hits are scored again whole."""
+RESCORED = 32
+"""How many of a coarse tier's best hits a search scores again from whole vectors (it
+asks the tier for at least as many). The true ten nearest are among 4 bits' best 32 for
+nearly every query (``bench/tiers.py``)."""
 HOT, WARM, COLD = 0, 1, 2
 HOT_HEAT = 0.5
 """Heat from which a memory is hot (an episodic memory for its first day); below the
@@ -45,6 +73,9 @@ _F32 = npt.NDArray[np.float32]
 _I64 = npt.NDArray[np.int64]
 _I8 = npt.NDArray[np.int8]
 _NONE = -1
+
+WholeVectors = Callable[[_I64], tuple[_F32, npt.NDArray[np.bool_]]]
+"""Labels to their whole vectors (one row each) and which of them were found."""
 
 
 def tiers_for(batch: Batch, policy: ChannelPolicy, clocks: Clocks) -> _I8:
@@ -60,9 +91,16 @@ class TieredVectors:
     """Unit vectors by channel label, each in one tier; inner-product search across the
     tiers. Not thread-safe: the caller holds the channel's lock around every call."""
 
-    def __init__(self, dim: int, approximate_above: int = APPROXIMATE_ABOVE) -> None:
+    def __init__(
+        self,
+        dim: int,
+        approximate_above: int = APPROXIMATE_ABOVE,
+        whole: WholeVectors | None = None,
+    ) -> None:
         self.dim = dim
         self.approximate_above = approximate_above
+        self.whole = whole
+        """Where coarse tiers' hits are scored again from (None: they are not)."""
         self._tiers: list[VectorIndex | None] = [None] * len(TIERS)
         self._label_at: list[_I64] = [np.zeros(0, dtype=np.int64) for _ in TIERS]
         self._rows_used = [0] * len(TIERS)
@@ -152,12 +190,22 @@ class TieredVectors:
         out = np.empty(labels.shape[0], dtype=np.float32)
         for code, chosen in self._by_tier(labels):
             out[chosen] = self._tier(code).similarities(query, self._row_of[labels[chosen]])
+            if self._rescored(code):
+                out[chosen] = self._whole_similarities(
+                    query.reshape(1, -1), labels[chosen], out[chosen]
+                )
         return out
 
     def search(self, queries: _F32, k: int) -> tuple[_F32, _I64]:
         """The ``k`` nearest held vectors of each query row across the tiers:
         (similarities, labels), best first; label -1 pads."""
-        found = [(c, index.search(queries, k)) for c, index in self._searched()]
+        found = []
+        for code, index in self._searched():
+            if not self._rescored(code):
+                found.append((code, index.search(queries, k)))
+                continue
+            sims, rows = index.search(queries, max(k, RESCORED))
+            found.append((code, (self._rescore(queries, code, sims, rows), rows)))
         return self._merged(found, queries.shape[0], k)
 
     def neighbours(self, queries: _F32, k: int) -> tuple[_F32, _I64]:
@@ -185,6 +233,31 @@ class TieredVectors:
             raise KeyError(int(labels[codes == _NONE][0]))
         return [(code, codes == code) for code in np.unique(codes).tolist()]
 
+    def _rescored(self, code: int) -> bool:
+        """Whether a tier's hits are scored again from whole vectors."""
+        index = self._tiers[code]
+        return (
+            self.whole is not None and index is not None and index.precision in RESCORED_PRECISIONS
+        )
+
+    def _rescore(self, queries: _F32, code: int, sims: _F32, rows: _I64) -> _F32:
+        """A coarse tier's similarities with each query row's best :data:`RESCORED` hits
+        scored again whole (no longer in order)."""
+        out = sims.copy()
+        labels = self.labels_of(code, rows[:, :RESCORED])
+        held = labels >= 0
+        which, column = np.nonzero(held)
+        out[which, column] = self._whole_similarities(queries[which], labels[held], sims[held])
+        return out
+
+    def _whole_similarities(self, queries: _F32, labels: _I64, estimates: _F32) -> _F32:
+        """The inner product of each label's whole vector with its query (one row each,
+        or one for all); its estimate where the whole vector is not found."""
+        assert self.whole is not None
+        vectors, found = self.whole(labels)
+        exact = np.einsum("ij,ij->i", vectors, np.broadcast_to(queries, vectors.shape))
+        return np.where(found, exact, estimates).astype(np.float32)
+
     def _searched(self) -> list[tuple[int, VectorIndex]]:
         return [(code, index) for code, index in self.held() if index.live]
 
@@ -195,7 +268,7 @@ class TieredVectors:
         if not found:
             return np.empty((rows, 0), dtype=np.float32), np.empty((rows, 0), dtype=np.int64)
         parts = [(sims, self.labels_of(code, held)) for code, (sims, held) in found]
-        if len(parts) == 1:
+        if len(parts) == 1 and not self._rescored(found[0][0]):
             return parts[0]
         sims = np.concatenate([s for s, _ in parts], axis=1)
         labels = np.concatenate([lab for _, lab in parts], axis=1)
@@ -213,10 +286,10 @@ class TieredVectors:
 
     def _new_tier(self, code: int) -> VectorIndex:
         """An empty tier: at its precision, or at half until the bounds are settled."""
-        precision = TIERS[code][1]
+        _, precision, in_graph = TIERS[code]
         if precision == "half" or self._given < SETTLED:
             return VectorIndex(self.dim, self.approximate_above)
-        return VectorIndex(self.dim, self.approximate_above, precision, self._bounds)
+        return VectorIndex(self.dim, self.approximate_above, precision, self._bounds, in_graph)
 
     def _settle(self) -> None:
         """Once the bounds are settled, turn each tier held at half precision meanwhile
@@ -224,7 +297,7 @@ class TieredVectors:
         if self._given < SETTLED:
             return
         for code, index in enumerate(self._tiers):
-            if index is None or index.precision == TIERS[code][1]:
+            if index is None or index.quantised or TIERS[code][1] == "half":
                 continue
             labels = np.flatnonzero(self._tier_of == code)
             rows = self._row_of[labels]

@@ -179,6 +179,9 @@ class VectorIndex:
     approximate_above: int = APPROXIMATE_ABOVE
     precision: str = "half"
     bounds: _F32 | None = None
+    graph_precision: str | None = None
+    """How a graph built of these vectors holds them (None: as the exact index does):
+    coarser, where the graph visits few enough vectors that decoding them costs little."""
     _index: faiss.IndexIDMap2 = field(init=False)
     _approximate: bool = field(default=False, init=False)
     _tombstones: set[int] = field(default_factory=set, init=False)
@@ -198,6 +201,8 @@ class VectorIndex:
         exact = faiss.IndexScalarQuantizer(
             self.dim, PRECISIONS[self.precision], faiss.METRIC_INNER_PRODUCT
         )
+        if not self.quantised and self.graph_precision not in (None, "half"):
+            raise ValueError(f"a {self.graph_precision} graph needs a quantised index's ranges")
         if self.quantised:
             if self.bounds is None:
                 raise ValueError(f"a {self.precision} index needs the bounds of its vectors")
@@ -347,8 +352,9 @@ class VectorIndex:
         for start in range(0, labels.shape[0], _BUILD_BLOCK):
             chosen = labels[start : start + _BUILD_BLOCK]
             half[start : start + chosen.shape[0]] = self.reconstruct_batch(chosen)
+        precision = self.graph_precision or self.precision
         return ApproximateBuild(
-            self.dim, labels, half, prints=prints, precision=self.precision, ranges=self.ranges()
+            self.dim, labels, half, prints=prints, precision=precision, ranges=self.ranges()
         )
 
     def install(self, build: ApproximateBuild) -> bool:
@@ -380,7 +386,7 @@ class VectorIndex:
             self._approximate
             or self._building
             or links.size != labels.shape[0]
-            or links.precision != self.precision
+            or links.precision != (self.graph_precision or self.precision)
         ):
             return False
         alive = labels >= 0
@@ -438,6 +444,7 @@ class VectorIndex:
             self._note_prints(labels, prints)
             self._note_prints(add, fingerprints(vectors))
         self._index = graph
+        self.precision = self.graph_precision or self.precision
         self._tombstones = tombstones
         self._tombstone_cache = None
         self._approximate = True

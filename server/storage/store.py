@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 import rocksdict
 
 from calor.server.errors import (
@@ -525,6 +526,23 @@ class MemoryStore:
         self._check_open()
         data = self._db.get(Keys.vector(channel, memory_id))
         return None if data is None else vector_from(data)
+
+    def get_vectors(
+        self, channel: str, memory_ids: list[str]
+    ) -> tuple[np.ndarray, npt.NDArray[np.bool_]]:
+        """The embeddings of memories, one row each (zeros for one not found), and which
+        were found; read together."""
+        self._check_open()
+        keys: list[str | int | float | bytes | bool] = [
+            Keys.vector(channel, memory_id) for memory_id in memory_ids
+        ]
+        found = cast(list[bytes | None], self._db.get(keys)) if keys else []
+        held = np.array([data is not None for data in found], dtype=np.bool_)
+        out = np.zeros((len(found), self.dim), dtype=np.float32)
+        if held.any():
+            joined = b"".join(data for data in found if data is not None)
+            out[held] = np.frombuffer(joined, dtype="<f4").reshape(-1, self.dim)
+        return out, held
 
     def idempotent_id(self, channel: str, key: str) -> str | None:
         """The id a store with this idempotency key made in this channel, if any."""
