@@ -116,7 +116,7 @@ class Channel:
     on_large: Callable[[Channel], None] | None = None
     whole_vectors: WholeByIds | None = None
     """Memories' embeddings as the store keeps them, whole (a vector tier holds them
-    coarser), and which were found."""
+    coarser), and which were found; given when the view is made."""
     approximate_above: int = APPROXIMATE_ABOVE
     _ids: list[str] = field(default_factory=list)
     _touched: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=_TOUCHED_KEPT))
@@ -338,7 +338,9 @@ class Channel:
         """An empty live index and attic, each telling the graph of the memories that
         move in or out (see :meth:`places`). They hold the graph, not the view: the
         registry tells a view nobody holds by its reference count."""
-        moved, whole = self.graph.unmark, self._whole
+        # The store's reader itself, never a method of the view: an index holding the view
+        # would keep it alive (the registry unloads a view nobody holds, by its count).
+        moved, whole = self.graph.unmark, self.whole_vectors
         return (
             ChannelIndex(self.dim, self.approximate_above, moved, HOT_TIER, whole),
             ChannelIndex(self.dim, self.approximate_above, moved, COLD_TIER, whole),

@@ -241,10 +241,10 @@ class ChannelRegistry:
             self._clock,
             records=RecordTable(reader=functools.partial(self._store.record, name)),
             approximate_above=self._approximate_above,
+            whole_vectors=functools.partial(self._store.get_vectors, name),
         )
         channel.on_due = self.due.note
         channel.on_large = self.graphs.note
-        channel.whole_vectors = functools.partial(self._store.get_vectors, name)
         channel.revision, channel.arrivals = self._retired.get(name, (0, 0))
         return channel
 
