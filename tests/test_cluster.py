@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -488,3 +489,26 @@ def test_a_node_keeps_the_placement_buckets_leader_on_the_write_streams_server(
         settled.release()
     finally:
         probe.close()
+
+
+def test_nats_servers_start_on_fresh_ports_when_one_they_were_given_is_taken(
+    tmp_path: Path,
+) -> None:
+    """A free port picked for a NATS server can be taken before the server binds it (by
+    any process on the machine): the servers start again on fresh ports instead of
+    waiting a minute for a server that exited."""
+    servers = NatsCluster(tmp_path / "nats")
+    taken = servers.route_ports[2]
+    with socket.socket() as occupant:  # bound, not listening: nats-server cannot bind it
+        occupant.bind(("127.0.0.1", taken))
+        started = time.monotonic()
+        try:
+            servers.start()
+            assert taken not in servers.route_ports, "its ports were picked again"
+            assert time.monotonic() - started < 30
+            assert all(
+                process is not None and process.poll() is None for process in servers.processes
+            )
+        finally:
+            servers.stop()
+    assert "address already in use" in (tmp_path / "nats" / "n2.log").read_text()

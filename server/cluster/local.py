@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 NATS_SERVERS = 3
+_START_ATTEMPTS = 3
+"""Times :meth:`NatsServers.start` picks free ports again when a server could not bind
+one (another process took it between the pick and the bind)."""
 
 
 def free_port() -> int:
@@ -66,12 +69,12 @@ class NatsServers:
 
     def __init__(self, root: Path, size: int = NATS_SERVERS, first_port: int = 0) -> None:
         self.root = root
+        self._ports_given = bool(first_port)
         if first_port:
             self.client_ports = [first_port + n for n in range(size)]
             self.route_ports = [first_port + 2000 + n for n in range(size)]
         else:
-            self.client_ports = [free_port() for _ in range(size)]
-            self.route_ports = [free_port() for _ in range(size)]
+            self._pick_ports(size)
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
 
     @property
@@ -83,11 +86,36 @@ class NatsServers:
         """Start every server and wait until each takes clients and JetStream answers
         (the servers have elected their meta leader)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for number in range(len(self.client_ports)):
-            self.start_server(number)
-        for port in self.client_ports:
-            wait_for_port(port, timeout)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            for number in range(len(self.client_ports)):
+                self.start_server(number)
+            if self._listening(timeout):
+                break
+            self.stop()
+            if self._ports_given or attempt == _START_ATTEMPTS:
+                raise TimeoutError(f"a NATS server could not start: see the logs in {self.root}")
+            for number in range(len(self.client_ports)):  # a fresh start on fresh ports
+                shutil.rmtree(self.root / f"n{number}", ignore_errors=True)
+            self._pick_ports(len(self.client_ports))
         asyncio.run(self._jetstream_ready(timeout))
+
+    def _pick_ports(self, size: int) -> None:
+        self.client_ports = [free_port() for _ in range(size)]
+        self.route_ports = [free_port() for _ in range(size)]
+
+    def _listening(self, timeout: float) -> bool:
+        """Wait until every server listens for clients and routes; False as soon as one
+        has exited instead (a port it was given was taken)."""
+        deadline = time.monotonic() + timeout
+        for number, process in enumerate(self.processes):
+            for port in (self.client_ports[number], self.route_ports[number]):
+                while not _accepts(port):
+                    if process is None or process.poll() is not None:
+                        return False
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"nothing listens on port {port}")
+                    time.sleep(0.1)
+        return all(process is not None and process.poll() is None for process in self.processes)
 
     async def _jetstream_ready(self, timeout: float) -> None:
         client = await nats.connect(self.urls)
@@ -255,12 +283,19 @@ def wait_for_port(port: int, timeout: float) -> None:
     """Wait until something listens on ``port`` (TimeoutError after ``timeout`` s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-                return
-        except OSError:
-            time.sleep(0.1)
+        if _accepts(port):
+            return
+        time.sleep(0.1)
     raise TimeoutError(f"nothing listens on port {port}")
+
+
+def _accepts(port: int) -> bool:
+    """Whether something on loopback takes a connection on ``port`` now."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def wait_until_serving(port: int, timeout: float) -> None:
