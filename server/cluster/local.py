@@ -86,18 +86,22 @@ class NatsServers:
         """Start every server and wait until each takes clients and JetStream answers
         (the servers have elected their meta leader)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            for number in range(len(self.client_ports)):
-                self.start_server(number)
-            if self._listening(timeout):
-                break
-            self.stop()
-            if self._ports_given or attempt == _START_ATTEMPTS:
-                raise TimeoutError(f"a NATS server could not start: see the logs in {self.root}")
-            for number in range(len(self.client_ports)):  # a fresh start on fresh ports
-                shutil.rmtree(self.root / f"n{number}", ignore_errors=True)
-            self._pick_ports(len(self.client_ports))
-        asyncio.run(self._jetstream_ready(timeout))
+        try:
+            for attempt in range(1, _START_ATTEMPTS + 1):
+                for number in range(len(self.client_ports)):
+                    self.start_server(number)
+                if self._listening(timeout):
+                    break
+                self.stop()
+                if self._ports_given or attempt == _START_ATTEMPTS:
+                    raise TimeoutError(f"a NATS server could not start: see its log in {self.root}")
+                for number in range(len(self.client_ports)):  # a fresh start on fresh ports
+                    shutil.rmtree(self.root / f"n{number}", ignore_errors=True)
+                self._pick_ports(len(self.client_ports))
+            asyncio.run(self._jetstream_ready(timeout))
+        except BaseException:
+            self.stop()  # none left running behind a failed start
+            raise
 
     def _pick_ports(self, size: int) -> None:
         self.client_ports = [free_port() for _ in range(size)]
