@@ -238,6 +238,8 @@ def test_a_cold_graph_holds_four_bits_and_scores_its_best_hits_whole() -> None:
     wanted = [exact_top(every, q, 10) for q in queries]
     assert np.mean([recall_at(f, w) for f, w in zip(found, wanted, strict=True)]) >= 0.97
     labels = np.array([3, 700, 1_499], dtype=np.int64)
+    assert np.array_equal(held.reconstruct_batch(labels), vectors[labels]), "read back whole"
+    assert np.array_equal(held.reconstruct(700), vectors[700])
     assert held.similarities(queries[0], labels) == pytest.approx(
         vectors[labels] @ queries[0], abs=1e-6
     )
