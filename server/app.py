@@ -40,6 +40,7 @@ from calor.server.errors import (
     FailedPreconditionError,
     UnavailableError,
 )
+from calor.server.heap import limit_arenas
 from calor.server.listening import in_use, listen_refused, port_in_use
 from calor.server.logs import configure_logging
 from calor.server.metrics import Metrics, ServerCounts
@@ -443,6 +444,7 @@ async def _run(config: ServerConfig) -> None:
 
 def serve(config: ServerConfig) -> None:
     """Run a server until SIGTERM or SIGINT."""
+    limit_arenas()  # before the server's threads exist
     configure_logging(config.log_format)
     # A thread waiting for the GIL gets it within this long: a recall's few Python steps
     # are not held 5 ms each (the default) behind another client's batch being built.

@@ -13,6 +13,13 @@ glibc's allocator keeps freed pages for reuse: after a channel's records are dec
 at load, or an HNSW graph built from a snapshot of its vectors, the process would keep
 hundreds of megabytes it no longer uses (measured at 100,000 memories: 445 MB resident
 beyond the model, 236 MB once trimmed). :func:`release` hands them back.
+
+glibc also gives threads arenas of their own (up to eight per core): memory one thread
+frees stays in its arena, for that arena's next allocations only. After one
+``StoreStream`` of 40,000 short memories, once indexed, the server held 4.2 KB per
+memory with the default and 3.3 KB with two arenas, at the same ingest rate (111 texts/s
+both; 2.4 and 2.5 KB after a restart). :func:`limit_arenas` keeps a server process to
+:data:`ARENAS`.
 """
 
 from __future__ import annotations
@@ -20,11 +27,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["BULK_ITEMS", "bulk_build", "release", "settle"]
+__all__ = ["ARENAS", "BULK_ITEMS", "bulk_build", "limit_arenas", "release", "settle"]
+
+ARENAS = 2
+"""glibc malloc arenas a server process keeps (unless ``MALLOC_ARENA_MAX`` says)."""
+_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 
 BULK_ITEMS = 256
 """A store of at least this many items is built as a bulk (see :func:`bulk_build`)."""
@@ -47,6 +59,22 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _trim = _malloc_trim()
+
+
+def limit_arenas() -> bool:
+    """Keep glibc's allocator to :data:`ARENAS` arenas from now on (call it before the
+    process starts threads), unless ``MALLOC_ARENA_MAX`` is set; whether it did."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, ARENAS))
 
 
 def release() -> None:

@@ -1,9 +1,12 @@
 """What the server holds in memory stays in proportion: memory freed after big builds goes
-back to the operating system, and RocksDB's recent writes are held in small memtables."""
+back to the operating system, a server process keeps to two malloc arenas, and RocksDB's
+recent writes are held in small memtables."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,48 @@ def test_a_write_bigger_than_a_memtable_is_not_left_in_memory(tmp_path: Path) ->
         assert store.get(Keys.CURSOR + b"7") is not None, "and it is all there"
     finally:
         store.close()
+
+
+_COUNT_ARENAS = """
+import ctypes, ctypes.util, os, sys, tempfile, threading
+from calor.server import heap
+print(heap.limit_arenas())
+def work():
+    kept = [bytearray(512) for _ in range(2_000)]  # each thread's own small allocations
+    barrier.wait()
+barrier = threading.Barrier(8)
+threads = [threading.Thread(target=work) for _ in range(8)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+path = os.path.join(tempfile.mkdtemp(), "info.xml")
+out = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, out)
+libc.fclose(out)
+print(open(path).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(heap._trim is None, reason="not glibc")
+@pytest.mark.parametrize("given", [None, "6"])
+def test_a_server_process_keeps_to_two_malloc_arenas_unless_told_otherwise(
+    given: str | None,
+) -> None:
+    """Memory a thread frees stays in its own arena: eight threads' work spread over
+    eight arenas stays resident eight times over. A server keeps to two, unless
+    MALLOC_ARENA_MAX says how many."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    if given is not None:
+        env["MALLOC_ARENA_MAX"] = given
+    run = subprocess.run(
+        [sys.executable, "-c", _COUNT_ARENAS], env=env, capture_output=True, text=True, check=True
+    )
+    limited, arenas = run.stdout.split()
+    if given is None:
+        assert limited == "True" and int(arenas) <= heap.ARENAS
+    else:
+        assert limited == "False" and heap.ARENAS < int(arenas) <= int(given)
