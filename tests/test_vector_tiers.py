@@ -8,7 +8,9 @@ RocksDB with a clock the test moves)."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from calor.client import CalorClient
 from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import ManualClock
 from calor.server.config import ServerConfig
+from calor.server.recall.index import ChannelIndex
 from calor.server.recall.tiers import COLD, HOT, RESCORED, SETTLED, TIERS, WARM, TieredVectors
 from calor.server.recall.vectors import VectorIndex
 from calor.v1 import memory_pb2, memory_service_pb2, memory_service_pb2_grpc
@@ -310,3 +313,20 @@ def test_a_cold_channel_is_scored_from_rocksdb_through_the_server(
         assert sims == pytest.approx(exact, abs=1e-5)
     finally:
         again.stop()
+
+
+def test_an_index_that_reads_whole_vectors_is_freed_as_soon_as_it_is_let_go() -> None:
+    """The server's loaded objects are frozen out of the cycle collector's view: an
+    unloaded or dropped channel's index must go by reference counting alone, so reading
+    whole vectors holds no reference back to it."""
+    vectors = clustered(50)
+    index = ChannelIndex(DIM, whole=lambda ids: (vectors[: len(ids)], np.ones(len(ids), bool)))
+    gone = weakref.ref(index)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        del index
+        assert gone() is None
+    finally:
+        if collecting:
+            gc.enable()

@@ -50,10 +50,12 @@ class ChannelIndex:
         self.dim = dim
         self.on_move = on_move
         """Told of each memory that enters or leaves the index (its label changes)."""
-        self._whole = whole
-        self.vectors = TieredVectors(
-            dim, approximate_above, whole=None if whole is None else self._whole_by_label
-        )
+        self._id_at: list[str] = []  # by label, "" once removed (labels are handed out in order)
+        # Labels to whole vectors through the ids, never through a method of this index:
+        # its vectors holding it would make a cycle, and an unloaded channel's index would
+        # then wait for the cycle collector (which never sees the frozen loaded ones).
+        by_label = None if whole is None else _WholeByLabel(self._id_at, whole)
+        self.vectors = TieredVectors(dim, approximate_above, whole=by_label)
         """The embeddings by heat tier (each searched exactly, or through an HNSW graph
         once large)."""
         self.tier = tier
@@ -61,7 +63,6 @@ class ChannelIndex:
         self.lexical = LexicalIndex()
         self.columns = RecordColumns()
         self._label_of: dict[str, int] = {}
-        self._id_at: list[str] = []  # by label, "" once removed (labels are handed out in order)
 
     def __len__(self) -> int:
         return len(self._label_of)
@@ -146,8 +147,7 @@ class ChannelIndex:
 
     def memory_ids(self, labels: np.ndarray) -> list[str]:
         """The memory ids behind labels, in order; "" for a label no memory holds now."""
-        held = len(self._id_at)
-        return [self._id_at[label] if 0 <= label < held else "" for label in labels.tolist()]
+        return _ids_at(self._id_at, labels)
 
     def restore(self, saved: SavedGraph, tier: int) -> bool:
         """Search a tier through a saved HNSW graph (see ``VectorIndex.adopt``); False if
@@ -182,18 +182,29 @@ class ChannelIndex:
         label = self._label_of.get(memory_id)
         return None if label is None else self.vectors.reconstruct(label)
 
-    def _whole_by_label(
-        self, labels: npt.NDArray[np.int64]
-    ) -> tuple[np.ndarray, npt.NDArray[np.bool_]]:
-        assert self._whole is not None
-        return self._whole(self.memory_ids(labels))
-
     def similarities(self, query: np.ndarray, labels: npt.NDArray[np.int64]) -> np.ndarray:
         """Cosine of the query with each labelled memory's embedding."""
         label_array = np.asarray(labels, dtype=np.int64)
         if label_array.size == 0:
             return np.empty(0, dtype=np.float32)
         return self.vectors.similarities(query.astype(np.float32), label_array)
+
+
+def _ids_at(id_at: list[str], labels: np.ndarray) -> list[str]:
+    """The ids behind labels, in order; "" for a label no memory holds now."""
+    held = len(id_at)
+    return [id_at[label] if 0 <= label < held else "" for label in labels.tolist()]
+
+
+class _WholeByLabel:
+    """A channel index's labels to whole vectors: its ids (the index's own list, which
+    only grows), then the store's reader."""
+
+    def __init__(self, id_at: list[str], whole: WholeByIds) -> None:
+        self._id_at, self._whole = id_at, whole
+
+    def __call__(self, labels: npt.NDArray[np.int64]) -> tuple[np.ndarray, npt.NDArray[np.bool_]]:
+        return self._whole(_ids_at(self._id_at, labels))
 
 
 class ScratchIndex:
