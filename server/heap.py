@@ -31,6 +31,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 __all__ = ["ARENAS", "BULK_ITEMS", "bulk_build", "limit_arenas", "release", "settle"]
 
@@ -46,19 +47,19 @@ _builds = 0
 _was_enabled = True
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
+def _libc(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """A function of glibc's (int result), or None where the C library has none."""
+    library = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        function = getattr(ctypes.CDLL(library), name) if library else None
     except (OSError, AttributeError):
         return None
-    if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    if function is not None:
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+    return cast("Callable[..., int] | None", function)
 
 
-_trim = _malloc_trim()
+_trim = _libc("malloc_trim", [ctypes.c_size_t])
 
 
 def limit_arenas() -> bool:
@@ -66,15 +67,8 @@ def limit_arenas() -> bool:
     process starts threads), unless ``MALLOC_ARENA_MAX`` is set; whether it did."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return False
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, ARENAS))
+    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int])
+    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, ARENAS))
 
 
 def release() -> None:

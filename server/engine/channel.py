@@ -376,11 +376,15 @@ class Channel:
         if moving.size == 0:
             return 0
         chosen = labels[moving]
-        matrix = vectors.reconstruct_batch(chosen)
+        # Each vector read once: whole for a move to a finer tier, as held for the rest.
         finer = np.flatnonzero(wanted[moving] < held[moving])
-        if finer.size:
-            whole, found = self._whole([ids[row] for row in moving[finer].tolist()])
-            matrix[finer[found]] = whole[found]
+        whole, found = self._whole([ids[row] for row in moving[finer].tolist()])
+        from_store = finer[found]
+        as_held = np.setdiff1d(np.arange(chosen.size), from_store)
+        matrix = np.empty((chosen.size, self.dim), dtype=np.float32)
+        matrix[from_store] = whole[found]
+        if as_held.size:
+            matrix[as_held] = vectors.reconstruct_batch(chosen[as_held])
         vectors.move(chosen, wanted[moving], matrix)
         return int(moving.size)
 
