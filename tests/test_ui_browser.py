@@ -1,0 +1,247 @@
+"""`calor ui` in a real browser: headless Chromium (Debian's package, driven by selenium
+through Debian's chromedriver) against a real `calor serve` with an auth file and a real
+`calor ui` holding a key that may read some channels and not others.
+
+With CALOR_UI_SCREENSHOTS set to a folder (`make screenshots`), each page's test saves
+its screenshot there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from calor.client import CalorClient
+from calor.server.cluster.local import free_port
+from tests.test_access import add_key
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="no headless Chromium here: install Debian's chromium and chromium-driver "
+    "(make test does, where apt-get may run)",
+)
+
+READABLE = "ui-garden"
+ALSO_READABLE = "ui-kitchen"
+SECRET = "ui-vault"
+GARDEN = [
+    "Ada waters the tomatoes every morning before work.",
+    "The greenhouse door sticks when it rains; lift it slightly to open.",
+    "Ada prefers green tea with honey after weeding.",
+    "The compost bin by the shed is for kitchen scraps only.",
+    "Basil seedlings go out once the nights stay above ten degrees.",
+]
+
+
+@dataclass
+class Running:
+    """A `calor serve` and a `calor ui` on it, and an admin client of the server."""
+
+    target: str
+    ui: str
+    admin: CalorClient
+    ids: dict[str, str]
+
+
+def _calor(*args: str) -> list[str]:
+    return [str(Path(sys.executable).with_name("calor")), *args]
+
+
+def _wait_serving(target: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"calor serve exited: {log.read_text()[-2000:]}")
+            try:
+                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+    raise RuntimeError("calor serve did not become SERVING in 60 s")
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"calor ui exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"calor ui did not answer at {url}")
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    folder = tmp_path_factory.mktemp("ui")
+    auth = folder / "keys.toml"
+    _, root = add_key(auth, "*=admin", label="root")
+    _, viewer = add_key(auth, f"{READABLE}=read", f"{ALSO_READABLE}=read", label="viewer")
+    port, ui_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    log = (folder / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        _calor("serve", "--data-dir", str(folder / "data"), "--port", str(port))
+        + ["--auth-file", str(auth)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    target = f"127.0.0.1:{port}"
+    ui = None
+    try:
+        _wait_serving(target, serve, folder / "serve.log")
+        admin = CalorClient(target, channel=READABLE, api_key=root)
+        ids = {text: admin.store(text).id for text in GARDEN}
+        admin.store("Pasta water wants a handful of salt.", channel=ALSO_READABLE)
+        admin.store("The vault code is 4-8-15-16.", channel=SECRET)
+        ui = subprocess.Popen(
+            _calor("--target", target, "--api-key", viewer, "ui", "--port", str(ui_port)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        base = f"http://127.0.0.1:{ui_port}"
+        _wait_http(base + "/static/calor.css", ui)
+        yield Running(target, base, admin, ids)
+        admin.close()
+    finally:
+        for process in (ui, serve):
+            if process is not None:
+                process.terminate()
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"):
+        options.add_argument(flag)
+    options.add_argument("--disable-dev-shm-usage")
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(browser: WebDriver, name: str) -> None:
+    folder = os.environ.get("CALOR_UI_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def _texts(browser: WebDriver, selector: str) -> list[str]:
+    return [element.text for element in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def test_the_fleet_page_lists_the_channels_the_key_may_read_and_no_other(
+    running: Running, browser: WebDriver
+) -> None:
+    browser.get(running.ui + "/")
+    names = _texts(browser, "#channels a.channel")
+    assert names == [READABLE, ALSO_READABLE] or sorted(names) == sorted([READABLE, ALSO_READABLE])
+    assert SECRET not in browser.page_source
+    row = browser.find_element(By.XPATH, f"//tr[td/a[text()='{READABLE}']]")
+    assert row.find_elements(By.TAG_NAME, "td")[1].text == str(len(GARDEN))
+    _shot(browser, "fleet")
+
+
+def test_a_channel_the_key_may_not_read_is_refused_by_name(
+    running: Running, browser: WebDriver
+) -> None:
+    browser.get(running.ui + f"/channels/{SECRET}")
+    assert "permission" in browser.find_element(By.ID, "error").text.lower()
+    assert "4-8-15-16" not in browser.page_source
+
+
+def test_the_channel_page_lists_its_memories_and_links_each_to_its_page(
+    running: Running, browser: WebDriver
+) -> None:
+    browser.get(running.ui + f"/channels/{READABLE}")
+    shown = _texts(browser, "#memories tbody td:first-child a")
+    assert sorted(shown) == sorted(GARDEN)
+    _shot(browser, "channel")
+    browser.find_element(By.LINK_TEXT, GARDEN[2]).click()
+    assert browser.find_element(By.ID, "text").text == GARDEN[2]
+    facts = browser.find_element(By.ID, "facts").text
+    assert "type" in facts and "heat" in facts
+    _shot(browser, "memory")
+
+
+def test_the_recall_playground_puts_the_answer_first_with_its_score_parts(
+    running: Running, browser: WebDriver
+) -> None:
+    browser.get(running.ui + "/recall")
+    form = browser.find_element(By.ID, "recall-form")
+    form.find_element(By.NAME, "query").send_keys("What does Ada drink after weeding?")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    hits = browser.find_elements(By.CSS_SELECTOR, "#hits li.hit")
+    assert hits, "the playground showed no hit"
+    assert hits[0].find_element(By.CLASS_NAME, "hit-text").text == GARDEN[2]
+    parts = [row.get_attribute("data-part") for row in hits[0].find_elements(By.CLASS_NAME, "part")]
+    assert parts == ["similarity", "lexical", "heat", "keyword", "temporal", "own channel"]
+    similarity = hits[0].find_element(By.CSS_SELECTOR, ".part[data-part=similarity] .bar")
+    assert similarity.size["width"] > 0
+    assert "a peek" in browser.page_source  # read-only: nothing was warmed
+    _shot(browser, "recall")
+
+
+def test_a_memory_stored_through_the_api_appears_on_the_events_page_within_two_seconds(
+    running: Running, browser: WebDriver
+) -> None:
+    browser.get(running.ui + "/events")
+    WebDriverWait(browser, 10).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "stream-state"), "live")
+    )
+    stored = running.admin.store("Mulch the strawberries before the frost.").id
+    secret = running.admin.store("A second vault code.", channel=SECRET).id
+    started = time.monotonic()
+    try:
+        WebDriverWait(browser, 2, poll_frequency=0.05).until(
+            expected_conditions.presence_of_element_located(
+                (By.CSS_SELECTOR, f"#events tr[data-memory='{stored}']")
+            )
+        )
+    except TimeoutException:
+        waited = time.monotonic() - started
+        pytest.fail(f"the stored memory was not on the events page after {waited:.1f} s")
+    row = browser.find_element(By.CSS_SELECTOR, f"#events tr[data-memory='{stored}']")
+    assert row.get_attribute("data-kind") == "on_store"
+    assert not browser.find_elements(By.CSS_SELECTOR, f"#events tr[data-memory='{secret}']")
+    _shot(browser, "events")
