@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -245,3 +246,20 @@ def test_a_memory_stored_through_the_api_appears_on_the_events_page_within_two_s
     assert row.get_attribute("data-kind") == "on_store"
     assert not browser.find_elements(By.CSS_SELECTOR, f"#events tr[data-memory='{secret}']")
     _shot(browser, "events")
+
+
+def test_a_read_only_inspector_warms_nothing_even_when_asked_to(
+    running: Running, browser: WebDriver
+) -> None:
+    answer = GARDEN[3]
+    before = running.admin.inspect(running.ids[answer]).memory
+    query = urllib.parse.urlencode(
+        {"channel": READABLE, "query": "where do kitchen scraps go?", "warm": "1"}
+    )
+    browser.get(running.ui + "/recall?" + query)
+    first = browser.find_element(By.CSS_SELECTOR, "#hits li.hit .hit-text")
+    assert first.text == answer
+    assert "a peek" in browser.page_source
+    after = running.admin.inspect(running.ids[answer]).memory
+    assert (after.recall_count, after.heat0) == (before.recall_count, before.heat0)
+    assert not browser.find_elements(By.NAME, "warm")  # no such choice offered
