@@ -104,7 +104,7 @@ soak: $(STAMP) nats-server
 
 ## The web inspector on a server (ARGS="--target HOST:PORT --api-key KEY", "--port N").
 ui: $(STAMP)
-	$(VENV)/bin/calor $(ARGS) ui
+	$(VENV)/bin/calor ui $(ARGS)
 
 ## The inspector's screenshots in docs/ui/, taken by its browser tests.
 screenshots: $(STAMP) chromium

@@ -22,6 +22,7 @@ __all__ = [
     "TRIGGER_EVENT_NAMES",
     "EnumArg",
     "action_name",
+    "edge_name",
     "event_name",
     "parse_action",
     "parse_confidence",
@@ -173,6 +174,11 @@ def action_name(value: int) -> str:
 def type_name(value: int) -> str:
     """The short name of a memory type: ``MEMORY_TYPE_FACT`` → ``"fact"``."""
     return short_name(memory_pb2.MemoryType, _TYPE_PREFIX, value)
+
+
+def edge_name(value: int) -> str:
+    """The short name of an edge kind: ``EDGE_KIND_SEMANTIC`` → ``"semantic"``."""
+    return short_name(memory_pb2.EdgeKind, "EDGE_KIND_", value)
 
 
 def state_name(value: int) -> str:

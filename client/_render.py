@@ -11,7 +11,14 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from calor.client._enums import action_name, event_name, short_name, state_name, type_name
+from calor.client._enums import (
+    action_name,
+    edge_name,
+    event_name,
+    short_name,
+    state_name,
+    type_name,
+)
 from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 __all__ = [
@@ -143,7 +150,7 @@ def inspected(response: memory_service_pb2.InspectResponse) -> str:
     if response.edges:
         lines.append("edges")
         for edge in response.edges:
-            kind = short_name(memory_pb2.EdgeKind, "EDGE_KIND_", edge.kind)
+            kind = edge_name(edge.kind)
             other = edge.to_id if edge.from_id == m.id else edge.from_id
             lines.append(f"  {kind:<10}{edge.weight:.2f}  {other}")
     return "\n".join(lines)
@@ -151,7 +158,7 @@ def inspected(response: memory_service_pb2.InspectResponse) -> str:
 
 def edge_line(edge: memory_pb2.Edge) -> str:
     """``FROM -> TO (kind, weight 0.80)``."""
-    kind = short_name(memory_pb2.EdgeKind, "EDGE_KIND_", edge.kind)
+    kind = edge_name(edge.kind)
     return f"{edge.from_id} -> {edge.to_id} ({kind}, weight {edge.weight:.2f})"
 
 

@@ -9,16 +9,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
-from calor.client._enums import (
-    EVENT_KIND_NAMES,
-    MEMORY_TYPE_NAMES,
-    short_name,
-    state_name,
-    type_name,
-)
+from calor.client._enums import EVENT_KIND_NAMES, MEMORY_TYPE_NAMES, edge_name
 from calor.client.aio import AsyncCalorClient
 from calor.client.errors import InvalidArgumentError, PermissionDeniedError
 from calor.client.ui._shapes import (
@@ -30,7 +25,6 @@ from calor.client.ui._shapes import (
     memory_row,
     trigger_row,
 )
-from calor.v1 import memory_pb2
 
 __all__ = ["channel", "events", "fleet", "memory", "recall"]
 
@@ -99,12 +93,10 @@ async def memory(request: Request) -> Response:
             "channel": name,
             "memory": memory_row(found.memory),
             "raw": found.memory,
-            "type": type_name(found.memory.memory_type),
-            "state": state_name(found.memory.state),
             "edges": [
                 {
                     "other": edge.to_id if edge.from_id == memory_id else edge.from_id,
-                    "kind": short_name(memory_pb2.EdgeKind, "EDGE_KIND_", edge.kind),
+                    "kind": edge_name(edge.kind),
                     "weight": edge.weight,
                 }
                 for edge in edges
@@ -146,8 +138,7 @@ async def recall(request: Request) -> Response:
 
 async def events(request: Request) -> Response:
     """The live event stream of the readable channels, filtered by kind and trigger."""
-    names = await _calor(request).list_channels()
-    return _render(request, "events.html", {"channels": names, "kinds": EVENT_KIND_NAMES})
+    return _render(request, "events.html", {"kinds": EVENT_KIND_NAMES})
 
 
 async def _unless_refused(call: Awaitable[_T]) -> _T | None:
@@ -159,7 +150,7 @@ async def _unless_refused(call: Awaitable[_T]) -> _T | None:
         return None
 
 
-def _recall_options(form: Any, peek: bool) -> dict[str, Any]:
+def _recall_options(form: QueryParams, peek: bool) -> dict[str, Any]:
     """The recall's options from the playground's form."""
     options: dict[str, Any] = {"limit": 10, "peek": peek}
     try:
@@ -170,7 +161,7 @@ def _recall_options(form: Any, peek: bool) -> dict[str, Any]:
         raise InvalidArgumentError(
             grpc.StatusCode.INVALID_ARGUMENT, f"the recall form: {error}"
         ) from error
-    types = form.getlist("type") if hasattr(form, "getlist") else []
+    types = form.getlist("type")
     if types:
         options["memory_types"] = types
     if form.get("min_band") in _BANDS[1:]:
