@@ -173,10 +173,12 @@ class AsyncCalorClient(_convert.ClientBase):
             return await self._stub.Recall(request, timeout=self.timeout)
 
     async def inspect(
-        self, memory_id: str, *, channel: str | None = None
+        self, memory_id: str, *, channel: str | None = None, heat_curve: bool = False
     ) -> memory_service_pb2.InspectResponse:
         """One memory and its edges; see :meth:`CalorClient.inspect`."""
-        request = memory_service_pb2.InspectRequest(channel=self._in(channel), id=memory_id)
+        request = memory_service_pb2.InspectRequest(
+            channel=self._in(channel), id=memory_id, heat_curve=heat_curve
+        )
         with translate_rpc_errors():
             return await self._stub.Inspect(request, timeout=self.timeout)
 

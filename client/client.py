@@ -215,14 +215,18 @@ class CalorClient(SettingsCalls, TriggerCalls):
             return self._stub.Recall(request, timeout=self.timeout)
 
     def inspect(
-        self, memory_id: str, *, channel: str | None = None
+        self, memory_id: str, *, channel: str | None = None, heat_curve: bool = False
     ) -> memory_service_pb2.InspectResponse:
-        """One memory, in any state, and its graph edges.
+        """One memory, in any state, and its graph edges; with ``heat_curve``, also its
+        heat over time (past and projected) and the moments it reaches its floor, turns
+        cold and moves to cold storage.
 
         Raises:
             NotFoundError: No memory has that id in the channel.
         """
-        request = memory_service_pb2.InspectRequest(channel=self._in(channel), id=memory_id)
+        request = memory_service_pb2.InspectRequest(
+            channel=self._in(channel), id=memory_id, heat_curve=heat_curve
+        )
         with translate_rpc_errors():
             return self._stub.Inspect(request, timeout=self.timeout)
 

@@ -59,6 +59,10 @@ class MemoryRecord:
     classifier_version: int = 0
     """The version of the type classifier that inferred ``memory_type``; 0 when the type
     was given (by the caller, an import or a dream's promotion) and is never re-read."""
+    heat_history: list[list[Any]] | None = None
+    """The latest jumps of its heat and the pieces they began, oldest first (see
+    ``thermo/history.py``): empty until its heat first changes after the store; ``None``
+    for a memory stored before histories were kept."""
 
     @property
     def superseded(self) -> bool:

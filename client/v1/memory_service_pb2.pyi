@@ -22,6 +22,39 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _HeatStepCause:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HeatStepCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HeatStepCause.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HEAT_STEP_CAUSE_UNSPECIFIED: _HeatStepCause.ValueType  # 0
+    HEAT_STEP_CAUSE_RECALL: _HeatStepCause.ValueType  # 1
+    """Recalled: heat plus boost_delta, stability times the type's Stab+."""
+    HEAT_STEP_CAUSE_BOOST: _HeatStepCause.ValueType  # 2
+    """Boost (a negative boost cools)."""
+    HEAT_STEP_CAUSE_RESONANCE: _HeatStepCause.ValueType  # 3
+    """Resonance: a recalled neighbour's heat spread along an edge."""
+    HEAT_STEP_CAUSE_SETTLED: _HeatStepCause.ValueType  # 4
+    """Superseded or deprecated: lowered under the cold threshold."""
+    HEAT_STEP_CAUSE_COOLED: _HeatStepCause.ValueType  # 5
+    """Lowered without a change of its own: a summary took its share."""
+
+class HeatStepCause(_HeatStepCause, metaclass=_HeatStepCauseEnumTypeWrapper): ...
+
+HEAT_STEP_CAUSE_UNSPECIFIED: HeatStepCause.ValueType  # 0
+HEAT_STEP_CAUSE_RECALL: HeatStepCause.ValueType  # 1
+"""Recalled: heat plus boost_delta, stability times the type's Stab+."""
+HEAT_STEP_CAUSE_BOOST: HeatStepCause.ValueType  # 2
+"""Boost (a negative boost cools)."""
+HEAT_STEP_CAUSE_RESONANCE: HeatStepCause.ValueType  # 3
+"""Resonance: a recalled neighbour's heat spread along an edge."""
+HEAT_STEP_CAUSE_SETTLED: HeatStepCause.ValueType  # 4
+"""Superseded or deprecated: lowered under the cold threshold."""
+HEAT_STEP_CAUSE_COOLED: HeatStepCause.ValueType  # 5
+"""Lowered without a change of its own: a summary took its share."""
+Global___HeatStepCause: _TypeAlias = HeatStepCause  # noqa: Y015
+
 class _FeedbackRating:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -436,17 +469,21 @@ class InspectRequest(_message.Message):
 
     CHANNEL_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
+    HEAT_CURVE_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     id: _builtins.str
+    heat_curve: _builtins.bool
+    """Also answer the memory's heat curve (InspectResponse.heat_curve)."""
     def __init__(
         self,
         *,
         channel: _builtins.str = ...,
         id: _builtins.str = ...,
+        heat_curve: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "heat_curve", b"heat_curve", "id", b"id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -459,6 +496,7 @@ class InspectResponse(_message.Message):
     MEMORY_FIELD_NUMBER: _builtins.int
     EDGES_FIELD_NUMBER: _builtins.int
     UTILITY_FACTORS_FIELD_NUMBER: _builtins.int
+    HEAT_CURVE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def memory(self) -> _memory_pb2.Memory: ...
     @_builtins.property
@@ -470,20 +508,149 @@ class InspectResponse(_message.Message):
         confirmations, activation (ACT-R).
         """
 
+    @_builtins.property
+    def heat_curve(self) -> Global___HeatCurve:
+        """The memory's heat over time, when InspectRequest.heat_curve asks for it."""
+
     def __init__(
         self,
         *,
         memory: _memory_pb2.Memory | None = ...,
         edges: _abc.Iterable[_memory_pb2.Edge] | None = ...,
         utility_factors: _abc.Iterable[Global___UtilityFactor] | None = ...,
+        heat_curve: Global___HeatCurve | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heat_curve", b"heat_curve", "memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "memory", b"memory", "utility_factors", b"utility_factors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "heat_curve", b"heat_curve", "memory", b"memory", "utility_factors", b"utility_factors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InspectResponse: _TypeAlias = InspectResponse  # noqa: Y015
+
+@_typing.final
+class HeatCurve(_message.Message):
+    """A memory's heat on the wall clock: the past as its record keeps it (its latest
+    jumps, up to 16, and the decay between them) and the future under the channel's
+    settings now if nothing touches it. In a channel whose decay runs on interactions the
+    curve is drawn flat; in hybrid decay, as if only the clock ran.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAST_FIELD_NUMBER: _builtins.int
+    PROJECTED_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    FLOOR_FIELD_NUMBER: _builtins.int
+    COLD_THRESHOLD_FIELD_NUMBER: _builtins.int
+    FLOOR_AT_FIELD_NUMBER: _builtins.int
+    COLD_AT_FIELD_NUMBER: _builtins.int
+    MIGRATION_AT_FIELD_NUMBER: _builtins.int
+    NOW_FIELD_NUMBER: _builtins.int
+    floor: _builtins.float
+    """The heat the memory does not decay below, and the threshold below which it is COLD."""
+    cold_threshold: _builtins.float
+    @_builtins.property
+    def past(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeatPoint]:
+        """From the start of the memory's kept history until now, both sides of every jump."""
+
+    @_builtins.property
+    def projected(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeatPoint]:
+        """From now on, until past the last moment below (or a few half-lives)."""
+
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeatStep]:
+        """Where heat jumped, and why."""
+
+    @_builtins.property
+    def floor_at(self) -> _timestamp_pb2.Timestamp:
+        """When heat reaches the floor, falls below the cold threshold, and moves to cold
+        storage (ARCHIVED); unset when it never will (or, for the cold threshold, when its
+        floor is above it); in the past when it already did.
+        """
+
+    @_builtins.property
+    def cold_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def migration_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def now(self) -> _timestamp_pb2.Timestamp:
+        """The moment the curve was drawn: where past and projected meet."""
+
+    def __init__(
+        self,
+        *,
+        past: _abc.Iterable[Global___HeatPoint] | None = ...,
+        projected: _abc.Iterable[Global___HeatPoint] | None = ...,
+        steps: _abc.Iterable[Global___HeatStep] | None = ...,
+        floor: _builtins.float = ...,
+        cold_threshold: _builtins.float = ...,
+        floor_at: _timestamp_pb2.Timestamp | None = ...,
+        cold_at: _timestamp_pb2.Timestamp | None = ...,
+        migration_at: _timestamp_pb2.Timestamp | None = ...,
+        now: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cold_at", b"cold_at", "floor_at", b"floor_at", "migration_at", b"migration_at", "now", b"now"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cold_at", b"cold_at", "cold_threshold", b"cold_threshold", "floor", b"floor", "floor_at", b"floor_at", "migration_at", b"migration_at", "now", b"now", "past", b"past", "projected", b"projected", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeatCurve: _TypeAlias = HeatCurve  # noqa: Y015
+
+@_typing.final
+class HeatPoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    HEAT_FIELD_NUMBER: _builtins.int
+    heat: _builtins.float
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        heat: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "heat", b"heat"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeatPoint: _TypeAlias = HeatPoint  # noqa: Y015
+
+@_typing.final
+class HeatStep(_message.Message):
+    """A jump in a memory's heat: at `at` from `before` to `after`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    before: _builtins.float
+    after: _builtins.float
+    cause: Global___HeatStepCause.ValueType
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        before: _builtins.float = ...,
+        after: _builtins.float = ...,
+        cause: Global___HeatStepCause.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "at", b"at", "before", b"before", "cause", b"cause"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeatStep: _TypeAlias = HeatStep  # noqa: Y015
 
 @_typing.final
 class UtilityFactor(_message.Message):

@@ -18,6 +18,7 @@ from calor.server.errors import NotFoundError
 from calor.server.recall.ranking import Hit
 from calor.server.recall.temporal import TimeWindow
 from calor.server.records import MemoryRecord
+from calor.server.thermo.curve import HeatCurve
 from calor.server.thermo.graph import Edge
 from calor.server.thermo.lifecycle import utility_evidence
 from calor.server.thermo.policy import ChannelPolicy
@@ -32,6 +33,7 @@ __all__ = [
     "feedback_message",
     "evaluation_message",
     "foreign_hit",
+    "heat_curve_message",
     "hit_message",
     "memory_message",
     "shared_source",
@@ -221,6 +223,48 @@ def window_message(window: TimeWindow) -> memory_service_pb2.TimeWindow:
         end=timestamp_message(window.end.timestamp()),
         phrase=window.phrase,
     )
+
+
+_STEP_CAUSES = {
+    "recall": memory_service_pb2.HEAT_STEP_CAUSE_RECALL,
+    "boost": memory_service_pb2.HEAT_STEP_CAUSE_BOOST,
+    "resonance": memory_service_pb2.HEAT_STEP_CAUSE_RESONANCE,
+    "warmed": memory_service_pb2.HEAT_STEP_CAUSE_RESONANCE,
+    "settled": memory_service_pb2.HEAT_STEP_CAUSE_SETTLED,
+    "cooled": memory_service_pb2.HEAT_STEP_CAUSE_COOLED,
+}
+
+
+def heat_curve_message(curve: HeatCurve) -> memory_service_pb2.HeatCurve:
+    """A memory's heat curve (``Inspect`` with ``heat_curve``)."""
+    message = memory_service_pb2.HeatCurve(
+        past=[_heat_point(at, heat) for at, heat in curve.past],
+        projected=[_heat_point(at, heat) for at, heat in curve.projected],
+        steps=[
+            memory_service_pb2.HeatStep(
+                at=timestamp_message(step.at),
+                before=step.before,
+                after=step.after,
+                cause=_STEP_CAUSES.get(step.cause, memory_service_pb2.HEAT_STEP_CAUSE_UNSPECIFIED),
+            )
+            for step in curve.steps
+        ],
+        floor=curve.floor,
+        cold_threshold=curve.cold_threshold,
+        now=timestamp_message(curve.now),
+    )
+    for field, moment in (
+        ("floor_at", curve.floor_at),
+        ("cold_at", curve.cold_at),
+        ("migration_at", curve.migration_at),
+    ):
+        if moment is not None:
+            getattr(message, field).CopyFrom(timestamp_message(moment))
+    return message
+
+
+def _heat_point(at: float, heat: float) -> memory_service_pb2.HeatPoint:
+    return memory_service_pb2.HeatPoint(at=timestamp_message(at), heat=heat)
 
 
 def dream_message(report: DreamReport) -> memory_service_pb2.DreamResponse:

@@ -19,6 +19,7 @@ from calor.server.api.convert import (
     evaluation_message,
     feedback_message,
     foreign_hit,
+    heat_curve_message,
     hit_message,
     memory_message,
     shared_source,
@@ -224,16 +225,20 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     @rpc_errors
     async def Inspect(self, request: pb.InspectRequest, context: _Context) -> pb.InspectResponse:
         validator = self._rt.validator
-        record, edges = await self._rt.run(
+        record, edges, curve = await self._rt.run(
             self._rt.engine.inspect,
             validator.channel(request.channel),
             validator.memory_id(request.id),
+            request.heat_curve,
         )
-        return pb.InspectResponse(
+        reply = pb.InspectResponse(
             memory=self._memory(record),
             edges=[edge_message(e) for e in edges],
             utility_factors=utility_factor_messages(record.record, self._rt.clock.now()),
         )
+        if curve is not None:
+            reply.heat_curve.CopyFrom(heat_curve_message(curve))
+        return reply
 
     @rpc_errors
     async def ListMemories(

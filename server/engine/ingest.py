@@ -232,6 +232,7 @@ def _one(
         surprise=min(1.0, max(0.0, 1.0 - nearest)),
         importance_adjustment=importance - base,
         classifier_version=CLASSIFIER_VERSION if item.memory_type is None else 0,
+        heat_history=[],
     )
     if memory_type == "episodic":
         record.session = _session(item)

@@ -59,6 +59,7 @@ from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
 from calor.server.stages import stage
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.curve import HeatCurve, heat_curve
 from calor.server.thermo.gates import load_limit
 from calor.server.thermo.graph import Edge
 from calor.server.thermo.lifecycle import (
@@ -358,11 +359,17 @@ class MemoryEngine:
             raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
         return record
 
-    def inspect(self, channel: str, memory_id: str) -> tuple[Current, list[Edge]]:
-        """One memory of a channel as it stands (tombstones included) and its edges."""
+    def inspect(
+        self, channel: str, memory_id: str, curve: bool = False
+    ) -> tuple[Current, list[Edge], HeatCurve | None]:
+        """One memory of a channel as it stands (tombstones included), its edges, and
+        when ``curve`` asks, its heat curve."""
         live = self.channels.existing(channel, memory_id)
         with live.lock:
-            return live.current(self._get(live, memory_id)), live.graph.edges(memory_id)
+            clocks = live.clocks()
+            now = live.current(self._get(live, memory_id), clocks)
+            drawn = heat_curve(now.record, live.policy, clocks) if curve else None
+            return now, live.graph.edges(memory_id), drawn
 
     def log(self, *events: EventRecord, extra: Bookkeeping = (), synced: bool = True) -> None:
         """Append events that change no memory (notifications, webhook outcomes).

@@ -45,7 +45,8 @@ from calor.server.storage.markdown import CarriedState, ParsedMemory, to_new_mem
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.graph import Edge
 from calor.server.thermo.heat import SOURCE_TRUST
-from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, refresh_utility
+from calor.server.thermo.history import origin
+from calor.server.thermo.lifecycle import Clocks, current_heat, evolve, piece_of, refresh_utility
 from calor.server.thermo.policy import ChannelPolicy
 
 __all__ = ["Exported", "Transfer"]
@@ -305,6 +306,7 @@ def _reproduced(
         refresh_utility(record, now)
     else:
         record.utility = state.utility
+    record.heat_history = origin(piece_of(record, policy))  # its past before the file is unknown
     return record
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from calor.server.records import ACTIVE, ARCHIVED, COLD, GHOST, MemoryRecord
 from calor.server.thermo.heat import bumped, effective_half_life, heat_at, seconds_until
+from calor.server.thermo.history import Piece, entries_with, since_store
 from calor.server.thermo.policy import ChannelPolicy
 from calor.server.thermo.utility import utility, utility_factors
 
@@ -27,10 +28,13 @@ __all__ = [
     "current_heat",
     "current_state",
     "evolve",
+    "floor_at",
     "floor_of",
+    "history_of",
     "migrate_at",
     "migrates",
     "next_change_at",
+    "piece_of",
     "refresh_utility",
     "utility_evidence",
 ]
@@ -98,13 +102,29 @@ def migrate_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
     """
     if not migrates(record, policy):
         return math.inf
-    profile = policy.profile(record.memory_type)
-    half_life = effective_half_life(profile, record.stability, record.source)
-    if policy.decay_mode == "hybrid":
-        half_life *= 1.0 + record.utility
-    floor = floor_of(record, policy)
-    at_floor = record.t0 + seconds_until(floor, record.heat0, half_life, policy.decay_curve)
-    return at_floor + policy.cold_migration_days * DAY
+    return floor_at(record, policy) + policy.cold_migration_days * DAY
+
+
+def floor_at(record: MemoryRecord, policy: ChannelPolicy) -> float:
+    """When the memory's heat reaches its floor if nothing touches it, solved on the wall
+    clock: its last materialisation when it was already there, ``math.inf`` when it
+    never gets there (a keystone, a floor of 0 on a curve that only nears it)."""
+    piece = piece_of(record, policy)
+    return piece.start + seconds_until(piece.floor, piece.heat, piece.half_life, policy.decay_curve)
+
+
+def piece_of(record: MemoryRecord, policy: ChannelPolicy) -> Piece:
+    """The piece of heat the memory decays along now on the wall clock: from ``heat0`` at
+    ``t0`` with its half-life (stretched by utility in ``hybrid`` decay; ``math.inf`` for
+    a keystone) down to its floor."""
+    if record.keystone:
+        half_life = math.inf
+    else:
+        profile = policy.profile(record.memory_type)
+        half_life = effective_half_life(profile, record.stability, record.source)
+        if policy.decay_mode == "hybrid":
+            half_life *= 1.0 + record.utility
+    return Piece(record.t0, record.heat0, half_life, floor_of(record, policy))
 
 
 def _promoted(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> MemoryRecord:
@@ -183,12 +203,44 @@ def _materialise(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) ->
     return heat
 
 
+def history_of(record: MemoryRecord, policy: ChannelPolicy) -> list[list[Any]]:
+    """The record's heat history (see ``thermo/history.py``), from its store (heat 1 at
+    ``created_at``, decaying as its type does at stability 1) when it holds no jump yet;
+    a change made before histories were kept is entered as of unknown cause."""
+    history = record.heat_history
+    if history or record.t0 <= record.created_at:
+        return history or []
+    stored = replace(record, heat0=1.0, t0=record.created_at, stability=1.0, keystone=False)
+    return since_store(
+        piece_of(stored, policy), piece_of(record, policy), policy.decay_curve, history is None
+    )
+
+
+_Before = tuple[list[list[Any]], Piece]
+
+
+def _before_change(record: MemoryRecord, policy: ChannelPolicy) -> _Before:
+    """What a change needs to enter itself in the record's heat history: the history so
+    far and the piece of heat the change ends."""
+    return history_of(record, policy), piece_of(record, policy)
+
+
+def _marked(
+    record: MemoryRecord, policy: ChannelPolicy, before: _Before, heat: float, cause: str
+) -> None:
+    """Enter the change just made (at heat ``heat``) in the record's heat history."""
+    history, ended = before
+    after = piece_of(record, policy)
+    record.heat_history = entries_with(history, ended, after, heat, cause, policy.decay_curve)
+
+
 def apply_recall(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
     """A recall: materialise heat, add ``boost_delta``, multiply stability by Stab+.
 
     A working memory recalled ``working_promotion_recalls`` times becomes episodic; a
     memory recalled out of cold storage returns to ACTIVE.
     """
+    before = _before_change(record, policy)
     heat = _materialise(record, policy, clocks)
     record.heat0 = bumped(heat, policy.boost_delta)
     record.stability *= policy.profile(record.memory_type).stability_gain
@@ -198,19 +250,24 @@ def apply_recall(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) ->
     if record.memory_type == "working" and record.recall_count >= policy.working_promotion_recalls:
         record.memory_type = "episodic"
     record.state = ACTIVE
+    _marked(record, policy, before, heat, "recall")
 
 
 def apply_boost(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, delta: float) -> None:
     """A boost: materialise heat and add ``delta`` (negative cools), within [0, 1]."""
+    before = _before_change(record, policy)
     heat = _materialise(record, policy, clocks)
     record.heat0 = bumped(heat, delta)
+    _marked(record, policy, before, heat, "boost")
 
 
 def apply_cooling(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
     """Superseded: materialise heat and lower it to half the cold threshold at most, so
     the memory reads COLD (settled history's floor is no higher: see :func:`floor_of`)."""
+    before = _before_change(record, policy)
     heat = _materialise(record, policy, clocks)
     record.heat0 = min(heat, policy.cold_threshold * 0.5)
+    _marked(record, policy, before, heat, "settled")
 
 
 def apply_gain(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, gain: float) -> None:
@@ -218,9 +275,11 @@ def apply_gain(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks, gain
 
     A memory in cold storage that resonance reaches returns to ACTIVE.
     """
+    before = _before_change(record, policy)
     heat = _materialise(record, policy, clocks)
     record.heat0 = bumped(heat, gain)
     record.state = ACTIVE
+    _marked(record, policy, before, heat, "resonance")
 
 
 def refresh_utility(record: MemoryRecord, now: float) -> None:
@@ -283,12 +342,9 @@ def crossing_at(record: MemoryRecord, policy: ChannelPolicy, level: float) -> fl
     ``None`` when it never will on the wall clock: a keystone, a floor at or above the
     level, heat already at or below it, or a channel whose decay runs on interactions.
     """
-    profile = policy.profile(record.memory_type)
     if record.keystone or floor_of(record, policy) >= level or record.state not in _LIVE:
         return None
     if record.heat0 <= level or policy.decay_mode == "interaction":
         return None
-    half_life = effective_half_life(profile, record.stability, record.source)
-    if policy.decay_mode == "hybrid":
-        half_life *= 1.0 + record.utility
-    return record.t0 + seconds_until(level, record.heat0, half_life, policy.decay_curve)
+    piece = piece_of(record, policy)
+    return piece.start + seconds_until(level, piece.heat, piece.half_life, policy.decay_curve)
