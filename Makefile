@@ -15,8 +15,11 @@ TYPECHECK := $(VENV)/typecheck
 NODE_TEST := tests/node
 NODE_STAMP := $(NODE_TEST)/node_modules/.installed
 NATS_SERVER := $(VENV)/bin/nats-server
+UI_VENDOR := client/ui/vendor
+UI_VENDOR_STAMP := $(UI_VENDOR)/node_modules/.installed
+UI_STATIC := client/ui/static/vendor
 
-.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster chromium screenshots ui
+.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster chromium screenshots ui ui-vendor
 
 ## What serving needs (the package with its server extra, and the model's package,
 ## which is installed apart: DESIGN §11); `make serve` installs this and nothing more.
@@ -36,6 +39,21 @@ $(STAMP): $(RUNTIME)
 $(NODE_STAMP): $(NODE_TEST)/package.json $(NODE_TEST)/package-lock.json
 	cd $(NODE_TEST) && npm ci --silent --no-audit --no-fund
 	touch $(NODE_STAMP)
+
+## The JavaScript libraries `calor ui` draws with, as package-lock.json pins them;
+## `make ui-vendor` copies their built files (and licences) to the static files the
+## package ships, and the tests check the shipped files are these.
+$(UI_VENDOR_STAMP): $(UI_VENDOR)/package.json $(UI_VENDOR)/package-lock.json
+	cd $(UI_VENDOR) && npm ci --silent --no-audit --no-fund
+	touch $(UI_VENDOR_STAMP)
+
+ui-vendor: $(UI_VENDOR_STAMP)
+	mkdir -p $(UI_STATIC)
+	cp $(UI_VENDOR)/node_modules/uplot/dist/uPlot.iife.min.js $(UI_STATIC)/uPlot.iife.min.js
+	cp $(UI_VENDOR)/node_modules/uplot/dist/uPlot.min.css $(UI_STATIC)/uPlot.min.css
+	cp $(UI_VENDOR)/node_modules/uplot/LICENSE $(UI_STATIC)/uPlot.LICENSE
+	cp $(UI_VENDOR)/node_modules/cytoscape/dist/cytoscape.min.js $(UI_STATIC)/cytoscape.min.js
+	cp $(UI_VENDOR)/node_modules/cytoscape/LICENSE $(UI_STATIC)/cytoscape.LICENSE
 
 ## Debian's nats-server, for the cluster tests (cluster mode's write log is JetStream):
 ## Debian 13's package (2.10), checked against the archive's index and unpacked into the
@@ -92,7 +110,7 @@ lint: $(STAMP) $(BUF)
 	ln -s $(CURDIR)/client/v1 $(TYPECHECK)/calor/v1
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy -p calor.server -p calor.client -p calor.models -p calor.triggers
 
-test: $(STAMP) $(NODE_STAMP) nats-server chromium lint
+test: $(STAMP) $(NODE_STAMP) $(UI_VENDOR_STAMP) nats-server chromium lint
 	$(VENV)/bin/pytest -q
 
 ## The long fault and load runs (left out of `make test`): 20 kill -9 rounds under mixed

@@ -53,6 +53,13 @@ GARDEN = [
     "Basil seedlings go out once the nights stay above ten degrees.",
 ]
 
+KITCHEN = [  # alike enough to be linked
+    "Ada roasted the garlic for Saturday's dinner party.",
+    "Ada roasted garlic for the Saturday dinner party with friends.",
+    "The roasted garlic from Saturday's dinner party keeps a week in the fridge.",
+]
+MIGRATION_COLOUR = (0x70, 0x48, 0xE8)  # calor.js's colour for the cold-storage moment
+
 
 @dataclass
 class Running:
@@ -120,6 +127,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         admin = CalorClient(target, channel=READABLE, api_key=root)
         ids = {text: admin.store(text).id for text in GARDEN}
         admin.store("Pasta water wants a handful of salt.", channel=ALSO_READABLE)
+        for text in KITCHEN:
+            ids[text] = admin.store(text, channel=ALSO_READABLE, memory_type="episodic").id
+        admin.recall(KITCHEN[0], channel=ALSO_READABLE, limit=1)  # a jump on its curve
         admin.store("The vault code is 4-8-15-16.", channel=SECRET)
         ui = subprocess.Popen(
             _calor("--target", target, "--api-key", viewer, "ui", "--port", str(ui_port)),
@@ -202,7 +212,6 @@ def test_the_channel_page_lists_its_memories_and_links_each_to_its_page(
     assert browser.find_element(By.ID, "text").text == GARDEN[2]
     facts = browser.find_element(By.ID, "facts").text
     assert "type" in facts and "heat" in facts
-    _shot(browser, "memory")
 
 
 def test_the_recall_playground_puts_the_answer_first_with_its_score_parts(
@@ -263,3 +272,75 @@ def test_a_read_only_inspector_warms_nothing_even_when_asked_to(
     after = running.admin.inspect(running.ids[answer]).memory
     assert (after.recall_count, after.heat0) == (before.recall_count, before.heat0)
     assert not browser.find_elements(By.NAME, "warm")  # no such choice offered
+
+
+def test_a_memory_page_draws_its_heat_curve_with_the_floor_and_the_migration_moment(
+    running: Running, browser: WebDriver
+) -> None:
+    memory_id = running.ids[KITCHEN[0]]
+    curve = running.admin.inspect(memory_id, channel=ALSO_READABLE, heat_curve=True).heat_curve
+    migration_at = curve.migration_at.ToNanoseconds() / 1e9
+    browser.get(running.ui + f"/channels/{ALSO_READABLE}/memories/{memory_id}")
+    figure = WebDriverWait(browser, 10).until(
+        expected_conditions.presence_of_element_located(
+            (By.CSS_SELECTOR, "#heat-curve[data-drawn]")
+        )
+    )
+    drawn = (figure.get_attribute("data-drawn") or "").split()
+    assert {"past", "projected", "floor", "cold-threshold", "migration_at"} <= set(drawn)
+    key = browser.find_element(By.ID, "curve-key").text
+    assert f"floor {curve.floor:.2f}" in key and "1 jump" in key
+    shown = browser.find_element(By.CSS_SELECTOR, "#moments dd[data-moment=migration_at]")
+    assert float(shown.get_attribute("data-at") or "nan") == pytest.approx(migration_at, abs=1e-3)
+    assert shown.find_element(By.TAG_NAME, "time").text  # written out in the reader's locale
+    # The chart holds the recall's jump and the floor line, and the migration moment's
+    # vertical is painted on the canvas where the time axis puts it.
+    series = browser.execute_script(
+        "const u = window.calorCurveChart;"
+        "return {jumps: u.data[5].filter(v => v !== null).length,"
+        " floor: u.data[3][0], x: u.valToPos(arguments[0], 'x', true),"
+        " y: u.bbox.top + u.bbox.height / 2};",
+        migration_at,
+    )
+    assert series["jumps"] == 1
+    assert series["floor"] == pytest.approx(curve.floor)
+    pixels = browser.execute_script(
+        "const c = document.querySelector('#heat-curve canvas');"
+        "const x = Math.round(arguments[0]) - 3, y = Math.round(arguments[1]);"
+        "return Array.from(c.getContext('2d').getImageData(x, y, 7, 1).data);",
+        series["x"],
+        series["y"],
+    )
+    painted = [tuple(pixels[i : i + 3]) for i in range(0, len(pixels), 4)]
+    assert any(
+        all(abs(a - b) <= 40 for a, b in zip(rgb, MIGRATION_COLOUR, strict=True)) for rgb in painted
+    ), f"no cold-storage line at x={series['x']:.0f}: {painted}"
+    _shot(browser, "memory")
+
+
+def test_the_memory_page_draws_its_neighbourhood_and_a_click_opens_a_neighbour(
+    running: Running, browser: WebDriver
+) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    memory_id = running.ids[KITCHEN[1]]
+    edges = running.admin.inspect(memory_id, channel=ALSO_READABLE).edges
+    neighbours = {e.to_id if e.from_id == memory_id else e.from_id for e in edges}
+    assert neighbours, "the kitchen memories were stored alike enough to be linked"
+    browser.get(running.ui + f"/channels/{ALSO_READABLE}/memories/{memory_id}")
+    graph = WebDriverWait(browser, 10).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#graph[data-nodes]"))
+    )
+    drawn = browser.execute_script(
+        "return window.calorGraphView.nodes().map(n => ({id: n.id(), hop: n.data('hop'),"
+        " x: n.renderedPosition('x'), y: n.renderedPosition('y')}));"
+    )
+    assert {node["id"] for node in drawn if node["hop"] == 1} == neighbours
+    assert [node["hop"] for node in drawn if node["id"] == memory_id] == [0]
+    target = next(node for node in drawn if node["hop"] == 1)
+    size = graph.size
+    ActionChains(browser).move_to_element_with_offset(
+        graph, int(target["x"] - size["width"] / 2), int(target["y"] - size["height"] / 2)
+    ).click().perform()
+    WebDriverWait(browser, 5).until(expected_conditions.url_contains(target["id"]))
+    assert browser.current_url.endswith(f"/memories/{target['id']}")

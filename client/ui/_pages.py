@@ -16,6 +16,7 @@ from starlette.responses import Response
 from calor.client._enums import EVENT_KIND_NAMES, MEMORY_TYPE_NAMES, edge_name
 from calor.client.aio import AsyncCalorClient
 from calor.client.errors import InvalidArgumentError, PermissionDeniedError
+from calor.client.ui._pictures import curve_picture, neighbourhood
 from calor.client.ui._shapes import (
     ChannelRow,
     HitRow,
@@ -81,11 +82,15 @@ async def channel(request: Request) -> Response:
 
 
 async def memory(request: Request) -> Response:
-    """One memory: its text, type, tags, provenance, utility, and its edges."""
+    """One memory: its text, type, tags, provenance, utility, its heat curve and its
+    graph neighbourhood."""
     calor = _calor(request)
     name, memory_id = request.path_params["channel"], request.path_params["memory_id"]
-    found = await calor.inspect(memory_id, channel=name)
+    found = await calor.inspect(memory_id, channel=name, heat_curve=True)
     edges = sorted(found.edges, key=lambda edge: -edge.weight)
+    graph = await neighbourhood(
+        calor, name, found, lambda other: request.url_for("memory", channel=name, memory_id=other)
+    )
     return _render(
         request,
         "memory.html",
@@ -102,6 +107,8 @@ async def memory(request: Request) -> Response:
                 for edge in edges
             ],
             "utility": list(found.utility_factors),
+            "curve": curve_picture(found.heat_curve),
+            "graph": graph,
         },
     )
 

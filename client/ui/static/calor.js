@@ -50,3 +50,98 @@ function calorEvents(streamUrl) {
   form.addEventListener("submit", (e) => { e.preventDefault(); open(); });
   open();
 }
+
+// Times as the reader's locale writes them.
+function calorTimes() {
+  document.querySelectorAll("time[data-epoch]").forEach((el) => {
+    const when = new Date(parseFloat(el.dataset.epoch) * 1000);
+    el.dateTime = when.toISOString();
+    el.textContent = when.toLocaleString();
+  });
+}
+calorTimes();
+
+const CURVE_COLOURS = {
+  past: "#d9480f", floor: "#868e96", cold: "#1c7ed6", step: "#2b8a3e",
+  floor_at: "#868e96", cold_at: "#1c7ed6", migration_at: "#7048e8", now: "#495057",
+};
+
+// A memory's heat curve (uPlot): past and projected heat, floor and cold threshold as
+// lines across, recalls and other jumps as dots, and the solved moments as verticals.
+function calorCurve(figure, curve) {
+  // Both sides of a jump share a moment; the chart wants times that increase.
+  const past = curve.past.map(([t, h], i, all) => [i + 1 < all.length && all[i + 1][0] <= t ? t - 1e-3 : t, h]);
+  const times = Array.from(new Set([...past.map((p) => p[0]), ...curve.projected.map((p) => p[0])])).sort((a, b) => a - b);
+  const column = (points) => {
+    const at = new Map(points.map(([t, h]) => [t, h]));
+    return times.map((t) => (at.has(t) ? at.get(t) : null));
+  };
+  const stepAt = new Map(curve.steps.map((s) => [s.at, s.after]));
+  const steps = times.map((t) => (stepAt.has(t) ? stepAt.get(t) : null));
+  const moments = ["floor_at", "cold_at", "migration_at"].filter((k) => curve[k] !== null);
+  const labels = { floor_at: "floor", cold_at: "cold", migration_at: "cold storage" };
+  const drawn = [];
+  const verticals = (u) => {
+    const ctx = u.ctx;
+    const top = u.bbox.top, height = u.bbox.height;
+    ctx.save();
+    ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+    for (const key of [...moments, "now"]) {
+      const at = key === "now" ? curve.now : curve[key];
+      const x = Math.round(u.valToPos(at, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = ctx.fillStyle = CURVE_COLOURS[key];
+      ctx.lineWidth = 2 * devicePixelRatio;
+      ctx.setLineDash(key === "now" ? [2 * devicePixelRatio, 3 * devicePixelRatio] : []);
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
+      ctx.fillText(key === "now" ? "now" : labels[key], x + 4 * devicePixelRatio, top + 12 * devicePixelRatio);
+      drawn.push(key);
+    }
+    ctx.restore();
+    figure.dataset.drawn = ["past", "projected", "floor", "cold-threshold", ...drawn].join(" ");
+  };
+  const dashed = (colour, dash) => ({ stroke: colour, width: 1.5, dash, points: { show: false } });
+  const options = {
+    width: Math.max(320, figure.clientWidth - 16), height: 300,
+    scales: { x: { time: true }, y: { range: [0, 1.05] } },
+    legend: { show: false },
+    series: [
+      {},
+      { label: "past", stroke: CURVE_COLOURS.past, width: 2, points: { show: false } },
+      { label: "projected", ...dashed(CURVE_COLOURS.past, [6, 4]) },
+      { label: "floor", ...dashed(CURVE_COLOURS.floor, [2, 3]) },
+      { label: "cold threshold", ...dashed(CURVE_COLOURS.cold, [6, 4]) },
+      { label: "jumps", stroke: CURVE_COLOURS.step, paths: () => null,
+        points: { show: true, size: 8, fill: CURVE_COLOURS.step } },
+    ],
+    axes: [{}, { label: "heat" }],
+    hooks: { draw: [verticals] },
+  };
+  const data = [
+    times, column(past), column(curve.projected),
+    times.map(() => curve.floor), times.map(() => curve.cold_threshold), steps,
+  ];
+  window.calorCurveChart = new uPlot(options, data, figure);
+}
+
+// A memory's graph neighbourhood (Cytoscape.js): nodes coloured by heat, the memory
+// itself outlined, edges as wide as their weight; a click opens a memory's page.
+function calorGraph(container, graph) {
+  const cy = cytoscape({
+    container,
+    elements: [...graph.nodes, ...graph.edges],
+    layout: { name: "concentric", concentric: (n) => 3 - n.data("hop"), levelWidth: () => 1, minNodeSpacing: 30 },
+    style: [
+      { selector: "node", style: {
+        "background-color": "mapData(heat, 0, 1, #1c7ed6, #d9480f)", label: "data(label)",
+        "font-size": 9, "text-wrap": "ellipsis", "text-max-width": 140, width: 18, height: 18 } },
+      { selector: "node[hop = 0]", style: { "border-width": 3, "border-color": "#20262d", width: 26, height: 26 } },
+      { selector: "edge", style: {
+        width: "mapData(weight, 0, 1, 1, 6)", "line-color": "#adb5bd", "curve-style": "bezier",
+        label: "data(kind)", "font-size": 8, color: "#868e96" } },
+    ],
+  });
+  cy.on("tap", "node", (event) => { window.location.href = event.target.data("url"); });
+  container.dataset.nodes = String(cy.nodes().length);
+  window.calorGraphView = cy;
+}
