@@ -10,7 +10,14 @@ import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from calor.client._enums import EnumArg, parse_confidence, parse_source, parse_state, parse_type
+from calor.client._enums import (
+    EnumArg,
+    parse_confidence,
+    parse_order,
+    parse_source,
+    parse_state,
+    parse_type,
+)
 from calor.client.errors import InvalidArgumentError
 from calor.v1 import memory_service_pb2
 
@@ -134,9 +141,12 @@ class ListOptions(FilterOptions, total=False):
 
     Attributes:
         page_size: At most this many memories a page (default 100).
+        order: ``"id"`` (the default: oldest first) or ``"heat"`` (hottest first, each
+            page cut from the order as it stands when it is asked for).
     """
 
     page_size: int
+    order: EnumArg
 
 
 class UpdateOptions(TypedDict, total=False):
@@ -264,6 +274,7 @@ def list_request(
         channel=channel,
         page_size=options.get("page_size", 100),
         page_token=page_token,
+        order=parse_order(options.get("order")),
         **_filters(options),
     )
 

@@ -8,7 +8,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from calor.client.errors import InvalidArgumentError
-from calor.v1 import memory_pb2, trigger_service_pb2
+from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 if TYPE_CHECKING:
     # Only the stubs name the generic wrapper class that every generated enum's type is.
@@ -27,6 +27,7 @@ __all__ = [
     "parse_action",
     "parse_confidence",
     "parse_event",
+    "parse_order",
     "parse_source",
     "parse_state",
     "parse_type",
@@ -115,6 +116,14 @@ def parse_state(value: EnumArg) -> memory_pb2.MemoryState.ValueType:
         InvalidArgumentError: The name or number is not a memory state.
     """
     return _enum(memory_pb2.MemoryState, _STATE_PREFIX, value, "memory state")
+
+
+def parse_order(value: EnumArg | None) -> memory_service_pb2.MemoryOrder.ValueType:
+    """A listing's ``MemoryOrder`` from ``"id"`` or ``"heat"`` (hottest first); None
+    means by id."""
+    if value is None:
+        return memory_service_pb2.MEMORY_ORDER_UNSPECIFIED
+    return _enum(memory_service_pb2.MemoryOrder, "MEMORY_ORDER_", value, "order")
 
 
 def parse_source(value: EnumArg | None) -> memory_pb2.Source.ValueType:

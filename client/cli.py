@@ -355,7 +355,11 @@ def _inspect(client: CalorClient, args: argparse.Namespace) -> Output:
 
 
 def _list(client: CalorClient, args: argparse.Namespace) -> Output:
-    filters: dict[str, Any] = {"memory_types": args.type, "states": args.state}
+    filters: dict[str, Any] = {
+        "memory_types": args.type,
+        "states": args.state,
+        "order": "heat" if args.by_heat else "id",
+    }
     if args.all:
         memories = list(client.iter_memories(page_size=args.page_size, **filters))
         response = memory_service_pb2.ListMemoriesResponse(memories=memories)
@@ -673,6 +677,7 @@ def _parser() -> argparse.ArgumentParser:
         "--page-token", default="", metavar="TOKEN", help="the page after a previous listing"
     )
     listing.add_argument("--all", action="store_true", help="every page")
+    listing.add_argument("--by-heat", action="store_true", help="hottest first (default: oldest)")
 
     add_forget_command(commands, shared)
 

@@ -14,6 +14,7 @@ from calor.models.valence import valence
 from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
 
 __all__ = [
+    "HEAT_POSITION",
     "ListQuery",
     "NewMemory",
     "PackedItems",
@@ -148,13 +149,21 @@ class RecallQuery:
     min_band: str = ""  # the least confidence band a hit needs; "" keeps all
 
 
+HEAT_POSITION = "h"
+"""What a position in the heat order starts with (``h120``: from the 121st hottest on),
+so a page token of one order is never read as one of the other."""
+
+
 @dataclass(frozen=True)
 class ListQuery:
-    """A page of a channel's memories, oldest id first."""
+    """A page of a channel's memories, oldest id first or (``order`` "heat") hottest
+    first, resuming after a memory id or at a position of the heat order."""
 
     channel: str
     page_size: int = 100
     after_id: str = ""
+    order: str = "id"
+    position: int = 0
     memory_types: frozenset[str] = frozenset()
     states: frozenset[str] = frozenset()
     tags: TagFilter = ()

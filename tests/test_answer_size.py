@@ -60,10 +60,17 @@ def test_a_page_of_a_thousand_32_kib_memories_comes_back_in_pieces(roomy: Server
         second = client.list_memories(page_size=1000, page_token=first.next_page_token)
         assert {m.id for m in first.memories}.isdisjoint(m.id for m in second.memories)
         every = [m.id for m in client.iter_memories(page_size=1000)]
+        hottest = client.list_memories(page_size=1000, order="heat")
+        assert hottest.truncated and 0 < len(hottest.memories) < 1000
+        rest = client.list_memories(
+            page_size=1000, order="heat", page_token=hottest.next_page_token
+        )
+        by_heat = [m.id for m in [*hottest.memories, *rest.memories]]
     finally:
         client.close()
     assert sorted(every) == sorted(stored)
     assert len(every) == len(set(every))
+    assert sorted(by_heat) == sorted(stored)  # the heat order's cut resumes where it stopped
 
 
 def test_a_recall_cut_to_fit_recalls_only_the_hits_it_carries(

@@ -65,8 +65,11 @@ def test_list_forget_and_status(calor: Run) -> None:
 
     status, out, _ = calor("keystone", ids[0])
     assert (status, out.split()[0]) == (0, "pinned")
-    status, out, _ = calor("boost", ids[1], "--delta", "0.1")
+    status, out, _ = calor("boost", ids[1], "--delta", "-0.5")
     assert (status, out.split()[0]) == (0, "boosted")
+    # Hottest first: the cooled one last.
+    status, out, _ = calor("list", "--by-heat", "--page-size", "2", "--all")
+    assert status == 0 and [line.split()[0] for line in out.splitlines()][-1] == ids[1]
 
     status, out, _ = calor("forget", *ids[:2])
     assert (status, out.strip()) == (0, "forgot 2 memories")

@@ -55,6 +55,32 @@ HEAT_STEP_CAUSE_COOLED: HeatStepCause.ValueType  # 5
 """Lowered without a change of its own: a summary took its share."""
 Global___HeatStepCause: _TypeAlias = HeatStepCause  # noqa: Y015
 
+class _MemoryOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MemoryOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoryOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MEMORY_ORDER_UNSPECIFIED: _MemoryOrder.ValueType  # 0
+    """By id: oldest first (ids grow with time)."""
+    MEMORY_ORDER_ID: _MemoryOrder.ValueType  # 1
+    MEMORY_ORDER_HEAT: _MemoryOrder.ValueType  # 2
+    """Hottest first, ties by id. Heat moves with the clock, so each page is cut from the
+    order as it stands when that page is asked for; a page token names a position in it.
+    """
+
+class MemoryOrder(_MemoryOrder, metaclass=_MemoryOrderEnumTypeWrapper):
+    """How ListMemories orders a channel's memories."""
+
+MEMORY_ORDER_UNSPECIFIED: MemoryOrder.ValueType  # 0
+"""By id: oldest first (ids grow with time)."""
+MEMORY_ORDER_ID: MemoryOrder.ValueType  # 1
+MEMORY_ORDER_HEAT: MemoryOrder.ValueType  # 2
+"""Hottest first, ties by id. Heat moves with the clock, so each page is cut from the
+order as it stands when that page is asked for; a page token names a position in it.
+"""
+Global___MemoryOrder: _TypeAlias = MemoryOrder  # noqa: Y015
+
 class _FeedbackRating:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -713,9 +739,12 @@ class ListMemoriesRequest(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     TIME_FROM_FIELD_NUMBER: _builtins.int
     TIME_TO_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     page_size: _builtins.int
     page_token: _builtins.str
+    order: Global___MemoryOrder.ValueType
+    """The order of the listing: by id (the default: oldest first) or hottest first."""
     @_builtins.property
     def memory_types(self) -> _containers.RepeatedScalarFieldContainer[_memory_pb2.MemoryType.ValueType]: ...
     @_builtins.property
@@ -737,10 +766,11 @@ class ListMemoriesRequest(_message.Message):
         tags: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         time_from: _timestamp_pb2.Timestamp | None = ...,
         time_to: _timestamp_pb2.Timestamp | None = ...,
+        order: Global___MemoryOrder.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "memory_types", b"memory_types", "page_size", b"page_size", "page_token", b"page_token", "states", b"states", "tags", b"tags", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "memory_types", b"memory_types", "order", b"order", "page_size", b"page_size", "page_token", b"page_token", "states", b"states", "tags", b"tags", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

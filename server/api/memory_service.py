@@ -226,7 +226,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def Inspect(self, request: pb.InspectRequest, context: _Context) -> pb.InspectResponse:
         validator = self._rt.validator
         record, edges, curve = await self._rt.run(
-            self._rt.engine.inspect,
+            self._rt.engine.inspect_with,
             validator.channel(request.channel),
             validator.memory_id(request.id),
             request.heat_curve,
@@ -244,15 +244,15 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
     async def ListMemories(
         self, request: pb.ListMemoriesRequest, context: _Context
     ) -> pb.ListMemoriesResponse:
-        """A page in id order, cut short (``truncated``) where more would not fit in one
-        answer: its page token then continues after the last memory it carries."""
+        """A page in id order or hottest first, cut short (``truncated``) where more
+        would not fit in one answer: its page token then continues after the last
+        memory it carries."""
         query = self._rt.validator.list_query(request)
-        page, after = await self._rt.run(self._rt.engine.channels.list_page, query)
-        messages = (self._memory(now) for now in page)
+        page = await self._rt.run(self._rt.engine.channels.list_page, query)
+        messages = (self._memory(now) for now in page.memories)
         memories = messages_that_fit(messages, self._rt.config.max_message_bytes)
-        truncated = len(memories) < len(page)
-        if truncated:
-            after = memories[-1].id
+        truncated = len(memories) < len(page.memories)
+        after = page.resume_after[len(memories) - 1] if truncated else page.next
         return pb.ListMemoriesResponse(
             memories=memories,
             next_page_token=encode_page_token(after) if after else "",

@@ -15,7 +15,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from calor.models.entities import entity_key
 from calor.server.api.wire import Enum, decode_page_token, enum_name, seconds_of
 from calor.server.clock import Clock
-from calor.server.commands import ListQuery, NewMemory, RecallQuery, TagFilter, UpdateChange
+from calor.server.commands import (
+    HEAT_POSITION,
+    ListQuery,
+    NewMemory,
+    RecallQuery,
+    TagFilter,
+    UpdateChange,
+)
 from calor.server.config import Limits
 from calor.server.engine.context import ContextQuery
 from calor.server.errors import InvalidArgumentError
@@ -37,6 +44,11 @@ _CONTEXT_TOKENS = (1_000, 100_000)
 _CONTEXT_NODES = (200, 1_000)
 _CONTEXT_CHARS = (50_000, 1_000_000)
 _MAX_ENTITY_CHARS = 200
+
+
+def _is_heat_position(position: str) -> bool:
+    digits = position[len(HEAT_POSITION) :]
+    return position.startswith(HEAT_POSITION) and digits.isdigit() and len(digits) <= 12
 
 
 def _enum_name(enum: Enum, value: int, field: str, prefix: str) -> str:
@@ -287,7 +299,12 @@ class Validator:
 
     def list_query(self, request: memory_service_pb2.ListMemoriesRequest) -> ListQuery:
         """A listing request as a command."""
+        order = _enum_name(memory_service_pb2.MemoryOrder, request.order, "order", "MEMORY_ORDER_")
+        by_heat = order == "heat"
+        position = decode_page_token(request.page_token, valid=_is_heat_position) if by_heat else ""
         return ListQuery(
+            order="heat" if by_heat else "id",
+            position=int(position[len(HEAT_POSITION) :]) if position else 0,
             channel=self.channel(request.channel),
             page_size=self.limit(
                 request.page_size,
@@ -295,7 +312,7 @@ class Validator:
                 self.limits.default_page_size,
                 self.limits.max_page_size,
             ),
-            after_id=decode_page_token(request.page_token),
+            after_id="" if by_heat else decode_page_token(request.page_token),
             memory_types=self.memory_types(request.memory_types),
             states=self.states(request.states),
             tags=self.tag_filter(request.tags),

@@ -20,7 +20,7 @@ from calor.server.recall.columns import (
 from calor.server.records import ACTIVE, COLD
 from calor.server.thermo.lifecycle import Clocks, current_heat
 
-__all__ = ["HOT_POOL", "PROFILE_POOL", "ranked", "ranked_all"]
+__all__ = ["HOT_POOL", "PROFILE_POOL", "by_heat", "ranked", "ranked_all"]
 
 HOT_POOL = 50
 """Most of the hottest memories ranked."""
@@ -75,6 +75,30 @@ def ranked_all(channel: Channel, clocks: Clocks, profile: bool = False) -> list[
     pool = PROFILE_POOL if profile else HOT_POOL
     chosen = np.concatenate([chosen, _hottest(heats, bulk, pool)])
     return ranked(channel, clocks, (ids[i] for i in chosen.tolist()), profile)
+
+
+def by_heat(channel: Channel, clocks: Clocks) -> list[str]:
+    """Every memory of the channel (in any state), hottest first, ties by id: the
+    indexed ones' heats in bulk from their columns, the others' (and those the bulk
+    formula does not cover) from their records."""
+    ids: list[str] = []
+    heats: list[np.ndarray] = []
+    for index in (channel.index, channel.attic):
+        members, labels = index.members()
+        if not members:
+            continue
+        batch = index.columns.batch(labels)
+        found, _ = heats_and_states(batch, channel.policy, clocks)
+        for row in np.flatnonzero(needs_record(batch)).tolist():
+            found[row] = channel.heat(channel.records[members[row]], clocks)
+        ids += members
+        heats.append(found)
+    indexed = set(ids)
+    rest = [memory_id for memory_id in channel.ids_after("") if memory_id not in indexed]
+    heats.append(np.array([channel.heat(channel.records[i], clocks) for i in rest], dtype=float))
+    ids += rest
+    order = np.lexsort((np.array(ids), -np.concatenate(heats)))
+    return [ids[row] for row in order.tolist()]
 
 
 def _hottest(heats: np.ndarray, rows: np.ndarray, pool: int) -> np.ndarray:

@@ -359,11 +359,16 @@ class MemoryEngine:
             raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
         return record
 
-    def inspect(
-        self, channel: str, memory_id: str, curve: bool = False
+    def inspect(self, channel: str, memory_id: str) -> tuple[Current, list[Edge]]:
+        """One memory of a channel as it stands (tombstones included) and its edges."""
+        now, edges, _ = self.inspect_with(channel, memory_id, curve=False)
+        return now, edges
+
+    def inspect_with(
+        self, channel: str, memory_id: str, curve: bool
     ) -> tuple[Current, list[Edge], HeatCurve | None]:
-        """One memory of a channel as it stands (tombstones included), its edges, and
-        when ``curve`` asks, its heat curve."""
+        """:meth:`inspect`, and when ``curve`` asks, the memory's heat curve as of the
+        same moment."""
         live = self.channels.existing(channel, memory_id)
         with live.lock:
             clocks = live.clocks()

@@ -15,14 +15,14 @@ from itertools import islice
 import numpy as np
 
 from calor.server.clock import Clock
-from calor.server.commands import ListQuery
+from calor.server.commands import HEAT_POSITION, ListQuery
 from calor.server.config import APPROXIMATE_ABOVE
 from calor.server.engine.changes import Changes, changing, commit
 from calor.server.engine.channel import Channel
 from calor.server.engine.due import DueChannels
 from calor.server.engine.graphs import GraphBuilds
-from calor.server.engine.hottest import ranked_all
-from calor.server.engine.results import ChannelStatus, Current
+from calor.server.engine.hottest import by_heat, ranked_all
+from calor.server.engine.results import ChannelStatus, Current, ListedPage
 from calor.server.engine.states import RecordTable
 from calor.server.errors import NotFoundError
 from calor.server.heap import BULK_ITEMS, release
@@ -287,22 +287,31 @@ class ChannelRegistry:
             change.set_policy(policy)
         return policy
 
-    def list_page(self, query: ListQuery) -> tuple[list[Current], str]:
-        """A page of memories in id order, and the id to resume after ('' at the end)."""
+    def list_page(self, query: ListQuery) -> ListedPage:
+        """A page of memories in id order (resuming after a memory id) or hottest first
+        (resuming at a position of the order as it stands at each page's request)."""
         channel = self.find(query.channel)
+        page = ListedPage([], [], "")
         if channel is None:
-            return [], ""
-        page: list[Current] = []
+            return page
         with channel.lock:
             clocks = channel.clocks()
-            for memory_id in channel.ids_after(query.after_id):
+            if query.order == "heat":
+                ordered = by_heat(channel, clocks)[query.position :]
+                first = query.position + 1
+                resumes = [f"{HEAT_POSITION}{first + k}" for k in range(len(ordered))]
+            else:
+                ordered = list(channel.ids_after(query.after_id))
+                resumes = ordered
+            for memory_id, resume in zip(ordered, resumes, strict=True):
                 record = channel.evolved(channel.records[memory_id], clocks)
                 if not query.matches(record):
                     continue
-                if len(page) == query.page_size:
-                    return page, page[-1].record.id
-                page.append(channel.current(record, clocks))
-        return page, ""
+                if len(page.memories) == query.page_size:
+                    return replace(page, next=page.resume_after[-1])
+                page.memories.append(channel.current(record, clocks))
+                page.resume_after.append(resume)
+        return page
 
     def status(self, channel: str) -> ChannelStatus:
         """How many memories a channel holds, by state and by type, and its heat."""
@@ -382,11 +391,11 @@ class ChannelRegistry:
         ids: list[str] = []
         page_query = replace(query, page_size=1000)
         while True:
-            page, after = self.list_page(page_query)
-            ids.extend(c.record.id for c in page)
-            if not after:
+            page = self.list_page(page_query)
+            ids.extend(c.record.id for c in page.memories)
+            if not page.next:
                 return ids
-            page_query = replace(page_query, after_id=after)
+            page_query = replace(page_query, after_id=page.next)
 
     def find_idempotent(self, channel: str, key: str) -> Current | None:
         """The memory an earlier store with this idempotency key made, if any."""

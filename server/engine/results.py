@@ -11,7 +11,7 @@ from calor.server.recall.temporal import TimeWindow
 from calor.server.records import MemoryRecord
 from calor.server.thermo.channel_state import ChannelState
 
-__all__ = ["ChannelStatus", "Current", "Prepared", "RecallResult", "Stored"]
+__all__ = ["ChannelStatus", "Current", "ListedPage", "Prepared", "RecallResult", "Stored"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,17 @@ class Current:
 
     record: MemoryRecord
     heat: float
+
+
+@dataclass(frozen=True)
+class ListedPage:
+    """A page of a listing: its memories, where to resume after each of them (a page
+    cut short resumes after its last one sent), and where the next page starts ('' at
+    the end)."""
+
+    memories: list[Current]
+    resume_after: list[str]
+    next: str
 
 
 @dataclass(frozen=True)
