@@ -164,6 +164,7 @@ class ListQuery:
     after_id: str = ""
     order: str = "id"
     position: int = 0
+    sparklines: bool = False
     memory_types: frozenset[str] = frozenset()
     states: frozenset[str] = frozenset()
     tags: TagFilter = ()

@@ -315,3 +315,22 @@ def test_a_dream_opens_at_most_the_channels_cap_of_conflicts_closest_first(
     again = memories.Dream(pb.DreamRequest(channel=channel_name))
     assert (again.conflicts, again.conflicts_unopened) == (2, 0), "the rest open next time"
     assert again.merged == 0, "a contradiction seen but not opened is never merged"
+
+
+def test_the_channel_keeps_its_latest_dream_reports_newest_first(
+    memories: MemoryServiceStub, channel_name: str
+) -> None:
+    for text in PARAPHRASES:
+        store(memories, channel_name, text, memory_type=memory_pb2.MEMORY_TYPE_FACT)
+    reports = [memories.Dream(pb.DreamRequest(channel=channel_name)) for _ in range(7)]
+    recent = memories.Identity(pb.IdentityRequest(channel=channel_name)).recent_dreams
+    assert len(recent) == 5  # the five latest of seven
+    assert [record.report.merged for record in recent] == [0, 0, 0, 0, 0]
+    times = [record.at.ToNanoseconds() for record in recent]
+    assert times == sorted(times, reverse=True)
+    assert not any(record.sweep for record in recent)
+    first = memories.Identity(pb.IdentityRequest(channel=channel_name + "-one"))
+    assert not first.recent_dreams  # a channel that never dreamt
+    assert counts(recent[0].report) == counts(reports[-1])
+    assert recent[0].report.channel_heat_after == pytest.approx(reports[-1].channel_heat_after)
+    assert reports[0].merged == len(PARAPHRASES) - 1 and not recent[0].report.merged_ids

@@ -4,6 +4,8 @@ a page token of one order refused by the other."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import pytest
 
@@ -83,3 +85,28 @@ def test_a_page_token_of_one_order_is_refused_by_the_other(manual_server: Manual
             stub.ListMemories(request)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "order" in str(caught.value.details())
+
+
+def test_each_listed_memory_can_carry_its_heat_sparkline(manual_server: ManualServer) -> None:
+    _, clock, stub = manual_server
+    old = store(stub, "spark", NOTES[0], memory_type=EPISODIC).id
+    clock.advance(3 * DAY)
+    new = store(stub, "spark", NOTES[1], memory_type=EPISODIC).id
+    clock.advance(DAY)
+    reply = stub.ListMemories(
+        pb.ListMemoriesRequest(channel="spark", order=HEAT, heat_sparklines=True)
+    )
+    assert [m.id for m in reply.memories] == [new, old]
+    assert reply.sparkline_now.ToNanoseconds() / 1e9 == pytest.approx(clock.now(), abs=1e-3)
+    for memory, line in zip(reply.memories, reply.heat_sparklines, strict=True):
+        heats = list(line.heat)
+        assert len(heats) == 29  # every 12 hours, a week either side
+        assert heats[14] == pytest.approx(memory.heat)  # the middle one is now
+        known = [h for h in heats if not math.isnan(h)]
+        assert known == sorted(known, reverse=True)  # untouched: it only cools
+        # Before it was stored there is nothing to draw: 4 days ago for the old one
+        # (8 half-days), 1 day ago for the new one.
+        stored_ago = 4 if memory.id == old else 1
+        assert sum(math.isnan(h) for h in heats) == 14 - 2 * stored_ago
+    plain = stub.ListMemories(pb.ListMemoriesRequest(channel="spark"))
+    assert not plain.heat_sparklines and not plain.HasField("sparkline_now")

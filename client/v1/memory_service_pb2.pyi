@@ -740,11 +740,14 @@ class ListMemoriesRequest(_message.Message):
     TIME_FROM_FIELD_NUMBER: _builtins.int
     TIME_TO_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
+    HEAT_SPARKLINES_FIELD_NUMBER: _builtins.int
     channel: _builtins.str
     page_size: _builtins.int
     page_token: _builtins.str
     order: Global___MemoryOrder.ValueType
     """The order of the listing: by id (the default: oldest first) or hottest first."""
+    heat_sparklines: _builtins.bool
+    """Also answer each memory's heat sparkline (ListMemoriesResponse.heat_sparklines)."""
     @_builtins.property
     def memory_types(self) -> _containers.RepeatedScalarFieldContainer[_memory_pb2.MemoryType.ValueType]: ...
     @_builtins.property
@@ -767,14 +770,41 @@ class ListMemoriesRequest(_message.Message):
         time_from: _timestamp_pb2.Timestamp | None = ...,
         time_to: _timestamp_pb2.Timestamp | None = ...,
         order: Global___MemoryOrder.ValueType = ...,
+        heat_sparklines: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "memory_types", b"memory_types", "order", b"order", "page_size", b"page_size", "page_token", b"page_token", "states", b"states", "tags", b"tags", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "heat_sparklines", b"heat_sparklines", "memory_types", b"memory_types", "order", b"order", "page_size", b"page_size", "page_token", b"page_token", "states", b"states", "tags", b"tags", "time_from", b"time_from", "time_to", b"time_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListMemoriesRequest: _TypeAlias = ListMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class HeatSparkline(_message.Message):
+    """A memory's heat at 29 moments, every 12 hours from 7 days before the answer
+    (ListMemoriesResponse.sparkline_now) to 7 days after: the past as its kept history
+    has it, the future as projected if nothing touches it (as in HeatCurve); NaN before
+    the history begins.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEAT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def heat(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        heat: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heat", b"heat"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeatSparkline: _TypeAlias = HeatSparkline  # noqa: Y015
 
 @_typing.final
 class ListMemoriesResponse(_message.Message):
@@ -783,6 +813,8 @@ class ListMemoriesResponse(_message.Message):
     MEMORIES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    HEAT_SPARKLINES_FIELD_NUMBER: _builtins.int
+    SPARKLINE_NOW_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     truncated: _builtins.bool
     """True when the page stopped short of page_size because more would not fit in one
@@ -790,16 +822,26 @@ class ListMemoriesResponse(_message.Message):
     """
     @_builtins.property
     def memories(self) -> _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]: ...
+    @_builtins.property
+    def heat_sparklines(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeatSparkline]:
+        """With ListMemoriesRequest.heat_sparklines: one for each memory, in the same order,
+        and the moment they are centred on.
+        """
+
+    @_builtins.property
+    def sparkline_now(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
         memories: _abc.Iterable[_memory_pb2.Memory] | None = ...,
         next_page_token: _builtins.str = ...,
         truncated: _builtins.bool = ...,
+        heat_sparklines: _abc.Iterable[Global___HeatSparkline] | None = ...,
+        sparkline_now: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sparkline_now", b"sparkline_now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memories", b"memories", "next_page_token", b"next_page_token", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heat_sparklines", b"heat_sparklines", "memories", b"memories", "next_page_token", b"next_page_token", "sparkline_now", b"sparkline_now", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1676,6 +1718,7 @@ class IdentityResponse(_message.Message):
     FEEDBACK_FIELD_NUMBER: _builtins.int
     HOTTEST_FIELD_NUMBER: _builtins.int
     FEEDBACK_SUMMARY_FIELD_NUMBER: _builtins.int
+    RECENT_DREAMS_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     channel_heat: _builtins.float
     consolidation_sweeps: _builtins.int
@@ -1705,6 +1748,12 @@ class IdentityResponse(_message.Message):
     def hottest(self) -> _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]:
         """The channel's hottest live memories (at most five), hottest first."""
 
+    @_builtins.property
+    def recent_dreams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DreamRecord]:
+        """The channel's latest dreams and consolidation sweeps (at most five), newest first,
+        each with its report's counts (its lists of ids are left out).
+        """
+
     def __init__(
         self,
         *,
@@ -1720,14 +1769,44 @@ class IdentityResponse(_message.Message):
         feedback: _abc.Iterable[Global___TypeFeedback] | None = ...,
         hottest: _abc.Iterable[_memory_pb2.Memory] | None = ...,
         feedback_summary: _builtins.str = ...,
+        recent_dreams: _abc.Iterable[Global___DreamRecord] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "feedback_summary", b"feedback_summary", "hottest", b"hottest", "interactions", b"interactions", "settings", b"settings", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "feedback_summary", b"feedback_summary", "hottest", b"hottest", "interactions", b"interactions", "recent_dreams", b"recent_dreams", "settings", b"settings", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IdentityResponse: _TypeAlias = IdentityResponse  # noqa: Y015
+
+@_typing.final
+class DreamRecord(_message.Message):
+    """A dream (or consolidation sweep) a channel had: when, which, and what it changed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    SWEEP_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    sweep: _builtins.bool
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def report(self) -> Global___DreamResponse: ...
+    def __init__(
+        self,
+        *,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        sweep: _builtins.bool = ...,
+        report: Global___DreamResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "report", b"report"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "report", b"report", "sweep", b"sweep"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DreamRecord: _TypeAlias = DreamRecord  # noqa: Y015
 
 @_typing.final
 class TypeFeedback(_message.Message):

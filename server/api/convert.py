@@ -282,6 +282,20 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
         consolidation_sweeps=status.sweeps,
         interactions=status.interactions,
         hottest=[memory_message(hot.record, hot.heat) for hot in status.hottest],
+        recent_dreams=[_dream_record(counts) for counts in status.recent_dreams],
+    )
+
+
+def _dream_record(counts: dict[str, float]) -> memory_service_pb2.DreamRecord:
+    report = memory_service_pb2.DreamResponse()
+    fields = report.DESCRIPTOR.fields_by_name
+    for name, value in counts.items():
+        field = fields.get(name)
+        if field is None:
+            continue  # when and which: the record's own fields
+        setattr(report, name, value if field.cpp_type == field.CPPTYPE_DOUBLE else int(value))
+    return memory_service_pb2.DreamRecord(
+        at=timestamp_message(counts.get("at", 0.0)), sweep=bool(counts.get("sweep")), report=report
     )
 
 

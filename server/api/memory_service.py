@@ -37,7 +37,7 @@ from calor.server.api.rpc import abort_with, rpc_errors
 from calor.server.api.runtime import Runtime
 from calor.server.api.settings import settings_message
 from calor.server.api.stream_store import StreamStore
-from calor.server.api.wire import decode_page_token, encode_page_token
+from calor.server.api.wire import decode_page_token, encode_page_token, timestamp_message
 from calor.server.commands import ListQuery, NewMemory, PackedItems
 from calor.server.embedding import BatchEmbedding
 from calor.server.engine.dream import DREAM_STEPS
@@ -253,11 +253,17 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         memories = messages_that_fit(messages, self._rt.config.max_message_bytes)
         truncated = len(memories) < len(page.memories)
         after = page.resume_after[len(memories) - 1] if truncated else page.next
-        return pb.ListMemoriesResponse(
+        reply = pb.ListMemoriesResponse(
             memories=memories,
             next_page_token=encode_page_token(after) if after else "",
             truncated=truncated,
         )
+        if query.sparklines:
+            reply.heat_sparklines.extend(
+                pb.HeatSparkline(heat=heats) for heats in page.sparklines[: len(memories)]
+            )
+            reply.sparkline_now.CopyFrom(timestamp_message(page.at))
+        return reply
 
     @rpc_errors
     async def Update(self, request: pb.UpdateRequest, context: _Context) -> pb.UpdateResponse:

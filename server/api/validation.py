@@ -304,6 +304,7 @@ class Validator:
         position = decode_page_token(request.page_token, valid=_is_heat_position) if by_heat else ""
         return ListQuery(
             order="heat" if by_heat else "id",
+            sparklines=request.heat_sparklines,
             position=int(position[len(HEAT_POSITION) :]) if position else 0,
             channel=self.channel(request.channel),
             page_size=self.limit(

@@ -84,6 +84,10 @@ class DreamReport:
     retiered: int = 0
     """Memories moved to the vector tier their heat now calls for."""
 
+    def counts(self) -> dict[str, float]:
+        """The report's numbers (its lists of ids left out)."""
+        return {k: float(v) for k, v in self.__dict__.items() if not isinstance(v, list)}
+
     def payload(self) -> dict[str, str]:
         """The report as event payload fields (lists of ids comma-joined)."""
         return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in self.__dict__.items()}
@@ -175,6 +179,7 @@ class Dreamer:
                 state.last_dream_at = clocks.now  # the curator's schedule counts from here
             report.channel_heat_after = state.heat(policy, clocks.now)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
+            state.dreamt(clocks.now, cold_only, report.counts())
             event = EventRecord(
                 kind="dream",
                 channel=channel.name,

@@ -31,6 +31,7 @@ from calor.server.records import DELETED, MemoryRecord
 from calor.server.storage.ops import ChangeList, OpenConflict, PutKey, SetPolicy, SetState
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.channel_state import ChannelState
+from calor.server.thermo.curve import sparkline
 from calor.server.thermo.lifecycle import crossing_at, current_heat
 from calor.server.thermo.policy import ChannelPolicy
 
@@ -296,6 +297,7 @@ class ChannelRegistry:
             return page
         with channel.lock:
             clocks = channel.clocks()
+            page = replace(page, at=clocks.now)
             if query.order == "heat":
                 ordered = by_heat(channel, clocks)[query.position :]
                 first = query.position + 1
@@ -311,6 +313,8 @@ class ChannelRegistry:
                     return replace(page, next=page.resume_after[-1])
                 page.memories.append(channel.current(record, clocks))
                 page.resume_after.append(resume)
+                if query.sparklines:
+                    page.sparklines.append(sparkline(record, channel.policy, clocks))
         return page
 
     def status(self, channel: str) -> ChannelStatus:
@@ -323,12 +327,15 @@ class ChannelRegistry:
             evolved = [live.evolved(r, clocks) for r in live.records.values()]
             heat = live.state.heat(live.policy, clocks.now)
             sweeps, interactions = live.state.sweeps, live.state.interactions
+            dreams = list(reversed(live.state.recent_dreams))
             hottest = ranked_all(live, clocks)[:_HOTTEST_SHOWN]
             shown = [live.current(live.records[memory_id], clocks) for memory_id in hottest]
         states = Counter(r.state for r in evolved)
         types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
-        return ChannelStatus(total, dict(states), dict(types), heat, sweeps, interactions, shown)
+        return ChannelStatus(
+            total, dict(states), dict(types), heat, sweeps, interactions, shown, dreams
+        )
 
     def census(self) -> tuple[int, dict[str, int]]:
         """How many channels hold a memory that is not forgotten, and the memories of every

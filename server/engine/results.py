@@ -32,6 +32,9 @@ class ListedPage:
     memories: list[Current]
     resume_after: list[str]
     next: str
+    at: float = 0.0
+    sparklines: list[list[float]] = field(default_factory=list)
+    """With the query's ``sparklines``: each memory's heat sparkline as of ``at``."""
 
 
 @dataclass(frozen=True)
@@ -81,3 +84,5 @@ class ChannelStatus:
     interactions: int = 0
     hottest: list[Current] = field(default_factory=list)
     """The hottest live memories (at most five), hottest first."""
+    recent_dreams: list[dict[str, float]] = field(default_factory=list)
+    """The latest dreams' counts, newest first (see ``ChannelState.recent_dreams``)."""

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from calor.server.thermo.gates import active_gates, ceiling_check
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["ChannelState", "active_gates"]
+__all__ = ["RECENT_DREAMS", "ChannelState", "active_gates"]
+
+RECENT_DREAMS = 5
+"""Dreams a channel's state keeps the report of."""
 
 
 @dataclass
@@ -28,6 +31,14 @@ class ChannelState:
     sweeps: int = 0
     last_dream_at: float = 0.0
     """When the channel last dreamt (a consolidation sweep aside); 0 if never."""
+    recent_dreams: list[dict[str, float]] = field(default_factory=list)
+    """Its latest dreams and sweeps, oldest first (at most :data:`RECENT_DREAMS`): each
+    report's counts, with ``at`` and ``sweep`` (1.0 for a consolidation sweep)."""
+
+    def dreamt(self, at: float, sweep: bool, counts: dict[str, float]) -> None:
+        """Keep a dream's (or sweep's) counts among the recent ones."""
+        entry = {"at": at, "sweep": float(sweep), **counts}
+        self.recent_dreams = [*self.recent_dreams[-(RECENT_DREAMS - 1) :], entry]
 
     def heat(self, policy: ChannelPolicy, now: float) -> float:
         """The channel's heat now."""

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from calor.server.records import MemoryRecord
-from calor.server.thermo.history import Piece, Step, past_points, steps
+from calor.server.thermo.history import Piece, Step, heats_at, past_points, steps
 from calor.server.thermo.lifecycle import (
     Clocks,
     crossing_at,
@@ -21,8 +21,12 @@ from calor.server.thermo.lifecycle import (
 )
 from calor.server.thermo.policy import ChannelPolicy
 
-__all__ = ["HeatCurve", "heat_curve"]
+__all__ = ["HeatCurve", "SPARKLINE_POINTS", "SPARKLINE_STEP", "heat_curve", "sparkline"]
 
+SPARKLINE_POINTS = 29
+"""Moments a sparkline samples: every :data:`SPARKLINE_STEP` from a week before now to
+a week after."""
+SPARKLINE_STEP = 12 * 3600.0
 _PROJECTED_SAMPLES = 64
 _MARGIN = 1.15  # the projection runs this far past its last moment, so the moment shows
 _SHORTEST = 3600.0
@@ -48,6 +52,25 @@ class HeatCurve:
     now: float
 
 
+def sparkline(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> list[float]:
+    """A memory's heat at :data:`SPARKLINE_POINTS` moments around ``clocks.now`` (the
+    middle one), past and projected as :func:`heat_curve` draws them; ``nan`` before
+    its kept history begins."""
+    middle = SPARKLINE_POINTS // 2
+    times = [clocks.now + (k - middle) * SPARKLINE_STEP for k in range(SPARKLINE_POINTS)]
+    piece = _piece_now(record, policy, clocks)
+    return heats_at(history_of(record, policy), piece, times, policy.decay_curve)
+
+
+def _piece_now(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> Piece:
+    """The record's piece on the wall clock; flat at its heat now where decay runs on
+    interactions."""
+    piece = piece_of(record, policy)
+    if policy.decay_mode != "interaction":
+        return piece
+    return Piece(piece.start, current_heat(record, policy, clocks), math.inf, piece.floor)
+
+
 def heat_curve(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> HeatCurve:
     """The curve of a memory as it stands at ``clocks`` (its record evolved to then).
 
@@ -56,12 +79,10 @@ def heat_curve(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> H
     assumed to run on.
     """
     curve, now = policy.decay_curve, clocks.now
-    piece = piece_of(record, policy)
+    piece = _piece_now(record, policy, clocks)
     moments: dict[str, float | None] = {"floor": None, "cold": None, "migration": None}
     flat = policy.decay_mode == "interaction"
-    if flat:
-        piece = Piece(piece.start, current_heat(record, policy, clocks), math.inf, piece.floor)
-    else:
+    if not flat:
         moments["cold"] = crossing_at(record, policy, policy.cold_threshold)
         if piece.floor > 0.0:
             moments["floor"] = _finite(floor_at(record, policy))

@@ -15,6 +15,7 @@ a piece that starts later than the last entry and is entered then (``warmed``,
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "Piece",
     "Step",
     "entries_with",
+    "heats_at",
     "origin",
     "past_points",
     "since_store",
@@ -149,6 +151,21 @@ def steps(entries: list[list[Any]], current: Piece, curve: str) -> list[Step]:
         for e in _caught_up(entries, current, curve)
         if e[5] not in ("origin", "rate")
     ]
+
+
+def heats_at(
+    entries: list[list[Any]], current: Piece, times: Sequence[float], curve: str
+) -> list[float]:
+    """Heat at each of ``times`` (ascending) on a record's history, projected along
+    ``current`` past its start; ``nan`` before the history begins."""
+    caught_up = _caught_up(entries, current, curve)
+    pieces = [_piece(entry) for entry in caught_up[:-1]] + [current]
+    starts = [piece.start for piece in pieces]
+    heats = []
+    for at in times:
+        which = bisect.bisect_right(starts, at) - 1
+        heats.append(math.nan if which < 0 else pieces[which].heat_at(at, curve))
+    return heats
 
 
 def past_points(
