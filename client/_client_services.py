@@ -158,9 +158,17 @@ class TriggerCalls(ClientBase):
         with translate_rpc_errors():
             self._triggers.DeleteTrigger(request, timeout=self.timeout)
 
-    def trigger_history(self, trigger_id: str) -> list[trigger_service_pb2.TriggerFiring]:
-        """Every firing of a trigger, oldest first: when, on which memory, with what outcome."""
+    def trigger_history(
+        self, trigger_id: str, *, latest: int = 0
+    ) -> list[trigger_service_pb2.TriggerFiring]:
+        """Every firing of a trigger, oldest first: when, on which memory, with what
+        outcome; or, with ``latest``, only that many of the newest, newest first."""
         request = trigger_service_pb2.TriggerHistoryRequest(trigger_id=trigger_id)
+        if latest:
+            request.page_size, request.newest_first = latest, True
+            with translate_rpc_errors():
+                page = self._triggers.TriggerHistory(request, timeout=self.timeout)
+            return list(page.firings)
         firings: list[trigger_service_pb2.TriggerFiring] = []
         while True:
             with translate_rpc_errors():

@@ -143,10 +143,13 @@ class ListOptions(FilterOptions, total=False):
         page_size: At most this many memories a page (default 100).
         order: ``"id"`` (the default: oldest first) or ``"heat"`` (hottest first, each
             page cut from the order as it stands when it is asked for).
+        heat_sparklines: Also answer each memory's heat a week either side of now
+            (``heat_sparklines``, centred on ``sparkline_now``).
     """
 
     page_size: int
     order: EnumArg
+    heat_sparklines: bool
 
 
 class UpdateOptions(TypedDict, total=False):
@@ -275,6 +278,7 @@ def list_request(
         page_size=options.get("page_size", 100),
         page_token=page_token,
         order=parse_order(options.get("order")),
+        heat_sparklines=options.get("heat_sparklines", False),
         **_filters(options),
     )
 

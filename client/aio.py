@@ -475,9 +475,17 @@ class AsyncCalorClient(_convert.ClientBase):
         with translate_rpc_errors():
             await self._triggers.DeleteTrigger(request, timeout=self.timeout)
 
-    async def trigger_history(self, trigger_id: str) -> list[trigger_service_pb2.TriggerFiring]:
-        """Every firing of a trigger, oldest first; see :meth:`CalorClient.trigger_history`."""
+    async def trigger_history(
+        self, trigger_id: str, *, latest: int = 0
+    ) -> list[trigger_service_pb2.TriggerFiring]:
+        """Every firing of a trigger, oldest first, or its ``latest`` newest first; see
+        :meth:`CalorClient.trigger_history`."""
         request = trigger_service_pb2.TriggerHistoryRequest(trigger_id=trigger_id)
+        if latest:
+            request.page_size, request.newest_first = latest, True
+            with translate_rpc_errors():
+                page = await self._triggers.TriggerHistory(request, timeout=self.timeout)
+            return list(page.firings)
         firings: list[trigger_service_pb2.TriggerFiring] = []
         while True:
             with translate_rpc_errors():

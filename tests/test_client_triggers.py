@@ -90,6 +90,8 @@ def test_notify_trigger_streams_store_and_notify_events_in_order(
     assert [f.seq for f in firings] == [e.seq for e in stores]
     assert all(f.trigger_id == trigger.id and f.outcome for f in firings)
     assert client.list_triggers()[0].fires == 3
+    latest = client.trigger_history(trigger.id, latest=2)
+    assert [f.memory_id for f in latest] == ids[:0:-1]  # the two newest, newest first
 
 
 def test_subscribe_after_seq_resumes_where_asked(client: CalorClient, channel_name: str) -> None:

@@ -110,3 +110,17 @@ def test_each_listed_memory_can_carry_its_heat_sparkline(manual_server: ManualSe
         assert sum(math.isnan(h) for h in heats) == 14 - 2 * stored_ago
     plain = stub.ListMemories(pb.ListMemoriesRequest(channel="spark"))
     assert not plain.heat_sparklines and not plain.HasField("sparkline_now")
+
+
+def test_identity_counts_each_types_memories_by_tenth_of_heat(manual_server: ManualServer) -> None:
+    _, clock, stub = manual_server
+    for text in NOTES[:4]:
+        store(stub, "tenths", text, memory_type=EPISODIC)
+    store(stub, "tenths", "Water boils at 100 degrees at sea level.", memory_type=FACT)
+    clock.advance(DAY)  # the episodic ones at half heat, the fact barely cooled
+    reply = stub.Identity(pb.IdentityRequest(channel="tenths"))
+    histograms = {h.memory_type: list(h.counts) for h in reply.heat_histograms}
+    assert histograms == {
+        EPISODIC: [0, 0, 0, 0, 0, 4, 0, 0, 0, 0],  # 2^-1 = 0.5: the sixth tenth
+        FACT: [0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    }

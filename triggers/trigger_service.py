@@ -312,6 +312,8 @@ class TriggerServicer(trigger_service_pb2_grpc.TriggerServiceServicer):
             if channel is None
             else await self._rt.run(lambda: list(registry.history(channel, request.trigger_id)))
         )
+        if request.newest_first:
+            firings.reverse()
         rest = firings[start:]
         page = rest[:size]
         ratings = (

@@ -1719,6 +1719,7 @@ class IdentityResponse(_message.Message):
     HOTTEST_FIELD_NUMBER: _builtins.int
     FEEDBACK_SUMMARY_FIELD_NUMBER: _builtins.int
     RECENT_DREAMS_FIELD_NUMBER: _builtins.int
+    HEAT_HISTOGRAMS_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     channel_heat: _builtins.float
     consolidation_sweeps: _builtins.int
@@ -1754,6 +1755,12 @@ class IdentityResponse(_message.Message):
         each with its report's counts (its lists of ids are left out).
         """
 
+    @_builtins.property
+    def heat_histograms(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeatHistogram]:
+        """For each memory type the channel's indexes hold (ACTIVE, COLD, ARCHIVED memories),
+        how many of them have their heat in each tenth.
+        """
+
     def __init__(
         self,
         *,
@@ -1770,14 +1777,40 @@ class IdentityResponse(_message.Message):
         hottest: _abc.Iterable[_memory_pb2.Memory] | None = ...,
         feedback_summary: _builtins.str = ...,
         recent_dreams: _abc.Iterable[Global___DreamRecord] | None = ...,
+        heat_histograms: _abc.Iterable[Global___HeatHistogram] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "feedback_summary", b"feedback_summary", "hottest", b"hottest", "interactions", b"interactions", "recent_dreams", b"recent_dreams", "settings", b"settings", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_gates", b"active_gates", "by_state", b"by_state", "by_type", b"by_type", "channel_heat", b"channel_heat", "conflicts", b"conflicts", "consolidation_sweeps", b"consolidation_sweeps", "feedback", b"feedback", "feedback_summary", b"feedback_summary", "heat_histograms", b"heat_histograms", "hottest", b"hottest", "interactions", b"interactions", "recent_dreams", b"recent_dreams", "settings", b"settings", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IdentityResponse: _TypeAlias = IdentityResponse  # noqa: Y015
+
+@_typing.final
+class HeatHistogram(_message.Message):
+    """How many memories of one type have their heat in [0, 0.1), [0.1, 0.2), …, [0.9, 1]."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_TYPE_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    memory_type: _memory_pb2.MemoryType.ValueType
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        memory_type: _memory_pb2.MemoryType.ValueType = ...,
+        counts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "memory_type", b"memory_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeatHistogram: _TypeAlias = HeatHistogram  # noqa: Y015
 
 @_typing.final
 class DreamRecord(_message.Message):

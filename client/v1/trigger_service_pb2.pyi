@@ -455,6 +455,7 @@ class TriggerHistoryRequest(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NEWEST_FIRST_FIELD_NUMBER: _builtins.int
     trigger_id: _builtins.str
     channel: _builtins.str
     """The trigger's channel, as in DeleteTriggerRequest; a deleted trigger's history is
@@ -462,6 +463,8 @@ class TriggerHistoryRequest(_message.Message):
     """
     page_size: _builtins.int
     page_token: _builtins.str
+    newest_first: _builtins.bool
+    """Newest firing first (default: oldest first)."""
     def __init__(
         self,
         *,
@@ -469,10 +472,11 @@ class TriggerHistoryRequest(_message.Message):
         channel: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        newest_first: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "page_size", b"page_size", "page_token", b"page_token", "trigger_id", b"trigger_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "newest_first", b"newest_first", "page_size", b"page_size", "page_token", b"page_token", "trigger_id", b"trigger_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -283,6 +283,10 @@ def status_message(status: ChannelStatus) -> memory_service_pb2.IdentityResponse
         interactions=status.interactions,
         hottest=[memory_message(hot.record, hot.heat) for hot in status.hottest],
         recent_dreams=[_dream_record(counts) for counts in status.recent_dreams],
+        heat_histograms=[
+            memory_service_pb2.HeatHistogram(memory_type=_type_number(name), counts=counts)
+            for name, counts in sorted(status.heat_histograms.items())
+        ],
     )
 
 

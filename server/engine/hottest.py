@@ -13,6 +13,7 @@ from calor.server.engine.channel import Channel
 from calor.server.recall.columns import (
     ACTIVE_CODE,
     COLD_CODE,
+    TYPES,
     heats_and_states,
     needs_record,
     type_code,
@@ -20,7 +21,7 @@ from calor.server.recall.columns import (
 from calor.server.records import ACTIVE, COLD
 from calor.server.thermo.lifecycle import Clocks, current_heat
 
-__all__ = ["HOT_POOL", "PROFILE_POOL", "by_heat", "ranked", "ranked_all"]
+__all__ = ["HOT_POOL", "PROFILE_POOL", "by_heat", "heat_histograms", "ranked", "ranked_all"]
 
 HOT_POOL = 50
 """Most of the hottest memories ranked."""
@@ -77,28 +78,50 @@ def ranked_all(channel: Channel, clocks: Clocks, profile: bool = False) -> list[
     return ranked(channel, clocks, (ids[i] for i in chosen.tolist()), profile)
 
 
-def by_heat(channel: Channel, clocks: Clocks) -> list[str]:
-    """Every memory of the channel (in any state), hottest first, ties by id: the
-    indexed ones' heats in bulk from their columns, the others' (and those the bulk
-    formula does not cover) from their records."""
+def _indexed_heats(channel: Channel, clocks: Clocks) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The memories in the channel's indexes (live and attic: ACTIVE, COLD, ARCHIVED):
+    their ids, heats now and type codes, in bulk from the columns (those the bulk
+    formula does not cover from their records)."""
     ids: list[str] = []
-    heats: list[np.ndarray] = []
+    heats: list[np.ndarray] = [np.zeros(0)]
+    types: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     for index in (channel.index, channel.attic):
         members, labels = index.members()
         if not members:
             continue
         batch = index.columns.batch(labels)
         found, _ = heats_and_states(batch, channel.policy, clocks)
+        codes = batch.memory_type.astype(np.int64)
         for row in np.flatnonzero(needs_record(batch)).tolist():
-            found[row] = channel.heat(channel.records[members[row]], clocks)
+            record = channel.evolved(channel.records[members[row]], clocks)
+            found[row] = channel.heat(record, clocks)
+            codes[row] = type_code(record.memory_type)
         ids += members
         heats.append(found)
+        types.append(codes)
+    return ids, np.concatenate(heats), np.concatenate(types)
+
+
+def by_heat(channel: Channel, clocks: Clocks) -> list[str]:
+    """Every memory of the channel (in any state), hottest first, ties by id: the
+    indexed ones' heats in bulk, the others' from their records."""
+    ids, heats, _ = _indexed_heats(channel, clocks)
     indexed = set(ids)
     rest = [memory_id for memory_id in channel.ids_after("") if memory_id not in indexed]
-    heats.append(np.array([channel.heat(channel.records[i], clocks) for i in rest], dtype=float))
+    others = np.array([channel.heat(channel.records[i], clocks) for i in rest], dtype=float)
     ids += rest
-    order = np.lexsort((np.array(ids), -np.concatenate(heats)))
+    order = np.lexsort((np.array(ids), -np.concatenate([heats, others])))
     return [ids[row] for row in order.tolist()]
+
+
+def heat_histograms(channel: Channel, clocks: Clocks) -> dict[str, list[int]]:
+    """For each memory type the channel holds in its indexes (ACTIVE, COLD, ARCHIVED),
+    how many of its memories' heats fall in each tenth: [0, 0.1), …, [0.9, 1]."""
+    _, heats, types = _indexed_heats(channel, clocks)
+    tenths = np.minimum((heats * 10.0).astype(np.int64), 9)
+    counts = np.zeros((len(TYPES), 10), dtype=np.int64)
+    np.add.at(counts, (types, tenths), 1)
+    return {TYPES[code]: counts[code].tolist() for code in np.flatnonzero(counts.sum(axis=1))}
 
 
 def _hottest(heats: np.ndarray, rows: np.ndarray, pool: int) -> np.ndarray:

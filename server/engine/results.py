@@ -86,3 +86,5 @@ class ChannelStatus:
     """The hottest live memories (at most five), hottest first."""
     recent_dreams: list[dict[str, float]] = field(default_factory=list)
     """The latest dreams' counts, newest first (see ``ChannelState.recent_dreams``)."""
+    heat_histograms: dict[str, list[int]] = field(default_factory=dict)
+    """Per memory type, its indexed memories by tenth of heat."""
