@@ -109,7 +109,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     folder = tmp_path_factory.mktemp("ui")
     auth = folder / "keys.toml"
     _, root = add_key(auth, "*=admin", label="root")
-    _, viewer = add_key(auth, f"{READABLE}=read", f"{ALSO_READABLE}=read", label="viewer")
+    # The inspector's key reads the garden and administers the kitchen (whose triggers
+    # an admin may list), and may not see the vault at all.
+    _, viewer = add_key(auth, f"{READABLE}=read", f"{ALSO_READABLE}=admin", label="viewer")
     port, ui_port = free_port(), free_port()
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     log = (folder / "serve.log").open("wb")
@@ -126,10 +128,18 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         _wait_serving(target, serve, folder / "serve.log")
         admin = CalorClient(target, channel=READABLE, api_key=root)
         ids = {text: admin.store(text).id for text in GARDEN}
+        admin.create_trigger(
+            event="on_store",
+            action="notify",
+            trigger_id="kitchen-notes",
+            config={"message": "noted {memory_id}"},
+            channel=ALSO_READABLE,
+        )
         admin.store("Pasta water wants a handful of salt.", channel=ALSO_READABLE)
         for text in KITCHEN:
             ids[text] = admin.store(text, channel=ALSO_READABLE, memory_type="episodic").id
         admin.recall(KITCHEN[0], channel=ALSO_READABLE, limit=1)  # a jump on its curve
+        admin.dream(channel=READABLE)
         admin.store("The vault code is 4-8-15-16.", channel=SECRET)
         ui = subprocess.Popen(
             _calor("--target", target, "--api-key", viewer, "ui", "--port", str(ui_port)),
@@ -207,6 +217,21 @@ def test_the_channel_page_lists_its_memories_and_links_each_to_its_page(
     browser.get(running.ui + f"/channels/{READABLE}")
     shown = _texts(browser, "#memories tbody td:first-child a")
     assert sorted(shown) == sorted(GARDEN)
+    # Hottest first, each row with its sparkline drawn; a chart per type whose bars
+    # count every memory; the dream the fixture ran.
+    heats = [float(h) for h in _texts(browser, "#memories tbody .heat")]
+    assert heats == sorted(heats, reverse=True)
+    table = browser.find_element(By.ID, "memories")
+    assert table.get_attribute("data-sparklines") == str(len(GARDEN))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "td.spark canvas")) == len(GARDEN)
+    charts = browser.find_elements(By.CSS_SELECTOR, "#histograms figure[data-drawn] canvas")
+    assert charts and len(charts) == len(
+        browser.find_elements(By.CSS_SELECTOR, "#histograms figure")
+    )
+    counted = sum(int(x.strip("()")) for x in _texts(browser, "#histograms figcaption small"))
+    assert counted == len(GARDEN)
+    assert _texts(browser, "#dreams tbody td:nth-child(2)") == ["dream"]
+    assert "need its admin permission" in browser.page_source  # the garden is read-only
     _shot(browser, "channel")
     browser.find_element(By.LINK_TEXT, GARDEN[2]).click()
     assert browser.find_element(By.ID, "text").text == GARDEN[2]
@@ -344,3 +369,18 @@ def test_the_memory_page_draws_its_neighbourhood_and_a_click_opens_a_neighbour(
     ).click().perform()
     WebDriverWait(browser, 5).until(expected_conditions.url_contains(target["id"]))
     assert browser.current_url.endswith(f"/memories/{target['id']}")
+
+
+def test_the_channel_page_lists_triggers_with_their_latest_firings_for_an_admin(
+    running: Running, browser: WebDriver
+) -> None:
+    browser.get(running.ui + f"/channels/{ALSO_READABLE}")
+    trigger = browser.find_element(By.CSS_SELECTOR, "#triggers li[data-trigger='kitchen-notes']")
+    firings = trigger.find_elements(By.CSS_SELECTOR, ".firings li")
+    # Four stores fired it (the pasta note and the three kitchen memories): newest first.
+    assert "fired 4 times" in trigger.text
+    assert [f.find_element(By.TAG_NAME, "a").text for f in firings[:3]] == [
+        running.ids[text] for text in reversed(KITCHEN)
+    ]
+    assert all(f.find_element(By.TAG_NAME, "time").text for f in firings)
+    assert _texts(browser, "#dreams") == [] and "has not dreamt yet" in browser.page_source

@@ -22,15 +22,20 @@ from calor.client.ui._shapes import (
     HitRow,
     MemoryRow,
     channel_row,
+    dream_row,
+    histograms,
     hit_row,
     memory_row,
+    sparklines,
     trigger_row,
 )
 
 __all__ = ["channel", "events", "fleet", "memory", "recall"]
 
 PAGE_SIZE = 100
-"""Memories a channel page lists at a time."""
+"""Memories a channel page lists at a time, hottest first."""
+RECENT_FIRINGS = 5
+"""Latest firings a channel page shows of each trigger."""
 _BANDS = ("", "low", "mid", "high")
 _T = TypeVar("_T")
 
@@ -54,29 +59,44 @@ async def fleet(request: Request) -> Response:
 
 
 async def channel(request: Request) -> Response:
-    """One channel: its hottest memories, a page of its memories, heat by type, and its
-    triggers."""
+    """One channel: a page of its memories hottest first, each with its heat sparkline;
+    its memories by heat and type; its latest dreams; its triggers and their latest
+    firings."""
     calor = _calor(request)
     name = request.path_params["channel"]
     page_token = request.query_params.get("page", "")
     identity, page, triggers = await asyncio.gather(
         calor.identity(channel=name),
-        calor.list_memories(channel=name, page_token=page_token, page_size=PAGE_SIZE),
+        calor.list_memories(
+            channel=name,
+            page_token=page_token,
+            page_size=PAGE_SIZE,
+            order="heat",
+            heat_sparklines=True,
+        ),
         _unless_refused(calor.list_triggers(channel=name)),
+    )
+    firings = await asyncio.gather(
+        *(calor.trigger_history(t.id, latest=RECENT_FIRINGS) for t in triggers or ())
     )
     summary: ChannelRow = channel_row(name, identity)
     memories: list[MemoryRow] = [memory_row(m) for m in page.memories]
-    hottest: list[MemoryRow] = [memory_row(m) for m in identity.hottest]
     return _render(
         request,
         "channel.html",
         {
             "channel": summary,
-            "hottest": hottest,
             "memories": memories,
+            "sparklines": sparklines(page),
             "next_page": page.next_page_token,
-            "by_type": _heat_by_type(memories),
-            "triggers": None if triggers is None else [trigger_row(t) for t in triggers],
+            "first_page": not page_token,
+            "histograms": histograms(identity),
+            "dreams": [dream_row(record) for record in identity.recent_dreams],
+            "triggers": (
+                None
+                if triggers is None
+                else [trigger_row(t, f) for t, f in zip(triggers, firings, strict=True)]
+            ),
         },
     )
 
@@ -174,12 +194,3 @@ def _recall_options(form: QueryParams, peek: bool) -> dict[str, Any]:
     if form.get("min_band") in _BANDS[1:]:
         options["min_band"] = form["min_band"]
     return options
-
-
-def _heat_by_type(memories: list[MemoryRow]) -> list[dict[str, Any]]:
-    """Per memory type, how many memories of the page fall in each tenth of heat."""
-    bins: dict[str, list[int]] = {}
-    for row in memories:
-        counts = bins.setdefault(row.type, [0] * 10)
-        counts[min(9, int(row.heat * 10))] += 1
-    return [{"type": name, "bins": counts} for name, counts in sorted(bins.items())]

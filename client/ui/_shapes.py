@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from calor.client._enums import action_name, event_name, state_name, type_name
 from calor.v1 import memory_pb2, memory_service_pb2, trigger_service_pb2
 
 __all__ = [
     "ChannelRow",
+    "DreamRow",
+    "FiringRow",
     "HitRow",
     "MemoryRow",
     "ScorePart",
     "TriggerRow",
     "channel_row",
+    "dream_row",
+    "firing_row",
+    "histograms",
+    "sparklines",
     "hit_row",
     "memory_row",
     "trigger_row",
@@ -33,6 +41,8 @@ class ChannelRow:
     conflicts: int
     gates: list[str]
     sweeps: int
+    last_dream: float | None
+    """When it last dreamt or swept (epoch seconds), None if never."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,72 @@ def channel_row(name: str, identity: memory_service_pb2.IdentityResponse) -> Cha
         conflicts=len(identity.conflicts),
         gates=list(identity.active_gates),
         sweeps=int(identity.consolidation_sweeps),
+        last_dream=(_seconds(identity.recent_dreams[0].at) if identity.recent_dreams else None),
     )
+
+
+@dataclass(frozen=True)
+class DreamRow:
+    """A dream or consolidation sweep as a channel page lists it."""
+
+    at: float
+    sweep: bool
+    counts: dict[str, int]
+    heat_before: float
+    heat_after: float
+    duration_ms: int
+
+
+_DREAM_COUNTS = (
+    "migrated",
+    "merged",
+    "archived",
+    "keystoned",
+    "promoted",
+    "conflicts",
+    "summarised",
+    "reclassified",
+    "pruned",
+    "retiered",
+)
+
+
+def dream_row(record: memory_service_pb2.DreamRecord) -> DreamRow:
+    """A channel page's row of one of its latest dreams."""
+    report = record.report
+    return DreamRow(
+        at=_seconds(record.at),
+        sweep=record.sweep,
+        counts={name: int(getattr(report, name)) for name in _DREAM_COUNTS},
+        heat_before=report.channel_heat_before,
+        heat_after=report.channel_heat_after,
+        duration_ms=int(report.duration_ms),
+    )
+
+
+def histograms(identity: memory_service_pb2.IdentityResponse) -> list[dict[str, Any]]:
+    """Per memory type, its memories by tenth of heat (for the page's bar charts)."""
+    return [
+        {"type": type_name(h.memory_type), "counts": list(h.counts)}
+        for h in identity.heat_histograms
+    ]
+
+
+def sparklines(page: memory_service_pb2.ListMemoriesResponse) -> dict[str, Any]:
+    """A page's heat sparklines (for the page's charts): heats by memory id (None
+    before a memory's history), the moments in days from now."""
+    middle = len(page.heat_sparklines[0].heat) // 2 if page.heat_sparklines else 0
+    return {
+        "days": [(k - middle) / 2 for k in range(2 * middle + 1)],
+        "lines": {
+            memory.id: [None if math.isnan(h) else h for h in line.heat]
+            for memory, line in zip(page.memories, page.heat_sparklines, strict=False)
+        },
+    }
+
+
+def _seconds(stamp: Any) -> float:
+    return float(stamp.ToNanoseconds()) / 1e9
 
 
 def memory_row(memory: memory_pb2.Memory) -> MemoryRow:
@@ -119,10 +194,32 @@ class TriggerRow:
     event: str
     action: str
     fires: int
+    recent: list[FiringRow]
+    """Its latest firings, newest first (empty where they were not asked for)."""
 
 
-def trigger_row(trigger: trigger_service_pb2.Trigger) -> TriggerRow:
-    """A channel page's row of a trigger."""
+@dataclass(frozen=True)
+class FiringRow:
+    """One firing of a trigger."""
+
+    at: float
+    memory_id: str
+    outcome: str
+
+
+def firing_row(firing: trigger_service_pb2.TriggerFiring) -> FiringRow:
+    """A channel page's line of a trigger's firing."""
+    return FiringRow(_seconds(firing.at), firing.memory_id, firing.outcome)
+
+
+def trigger_row(
+    trigger: trigger_service_pb2.Trigger, recent: list[trigger_service_pb2.TriggerFiring]
+) -> TriggerRow:
+    """A channel page's row of a trigger, with its latest firings."""
     return TriggerRow(
-        trigger.id, event_name(trigger.event), action_name(trigger.action), int(trigger.fires)
+        trigger.id,
+        event_name(trigger.event),
+        action_name(trigger.action),
+        int(trigger.fires),
+        [firing_row(firing) for firing in recent],
     )

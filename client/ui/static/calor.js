@@ -145,3 +145,41 @@ function calorGraph(container, graph) {
   container.dataset.nodes = String(cy.nodes().length);
   window.calorGraphView = cy;
 }
+
+// A page's heat sparklines (uPlot): each memory's heat a week back (solid) and a
+// week ahead (dashed), on one scale so rows compare.
+function calorSparklines(table, data) {
+  const days = data.days;
+  const middle = days.indexOf(0);
+  let drawn = 0;
+  table.querySelectorAll("td.spark").forEach((cell) => {
+    const line = data.lines[cell.dataset.memory];
+    if (!line) return;
+    const past = line.map((h, i) => (i <= middle ? h : null));
+    const ahead = line.map((h, i) => (i >= middle ? h : null));
+    new uPlot({
+      width: 140, height: 30, legend: { show: false }, cursor: { show: false },
+      scales: { x: { time: false }, y: { range: [0, 1] } }, axes: [{ show: false }, { show: false }],
+      series: [{}, { stroke: "#d9480f", width: 1.5, points: { show: false } },
+        { stroke: "#d9480f", width: 1, dash: [3, 3], points: { show: false } }],
+    }, [days, past, ahead], cell);
+    drawn += 1;
+  });
+  table.dataset.sparklines = String(drawn);
+}
+
+// A channel's memories by tenth of heat, one small bar chart (uPlot) per type.
+function calorHistograms(container, histograms) {
+  const tenths = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9].map((k) => k / 10 + 0.05);
+  for (const h of histograms) {
+    const figure = container.querySelector(`figure[data-type="${h.type}"]`);
+    new uPlot({
+      width: 220, height: 110, legend: { show: false }, cursor: { show: false },
+      scales: { x: { time: false, range: [0, 1] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
+      axes: [{ size: 22, font: "10px system-ui", values: (u, v) => v.map((x) => x.toFixed(1)) },
+        { size: 30, font: "10px system-ui" }],
+      series: [{}, { fill: "#1c7ed6", stroke: "#1c7ed6", paths: uPlot.paths.bars({ size: [0.9, 40] }), points: { show: false } }],
+    }, [tenths, h.counts], figure);
+    figure.dataset.drawn = "1";
+  }
+}
