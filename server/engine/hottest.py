@@ -18,10 +18,10 @@ from calor.server.recall.columns import (
     needs_record,
     type_code,
 )
-from calor.server.records import ACTIVE, COLD
+from calor.server.records import ACTIVE, COLD, DELETED
 from calor.server.thermo.lifecycle import Clocks, current_heat
 
-__all__ = ["HOT_POOL", "PROFILE_POOL", "by_heat", "heat_histograms", "ranked", "ranked_all"]
+__all__ = ["HOT_POOL", "PROFILE_POOL", "by_heat", "ranked", "ranked_all", "type_census"]
 
 HOT_POOL = 50
 """Most of the hottest memories ranked."""
@@ -114,14 +114,24 @@ def by_heat(channel: Channel, clocks: Clocks) -> list[str]:
     return [ids[row] for row in order.tolist()]
 
 
-def heat_histograms(channel: Channel, clocks: Clocks) -> dict[str, list[int]]:
-    """For each memory type the channel holds in its indexes (ACTIVE, COLD, ARCHIVED),
-    how many of its memories' heats fall in each tenth: [0, 0.1), …, [0.9, 1]."""
-    _, heats, types = _indexed_heats(channel, clocks)
+def type_census(channel: Channel, clocks: Clocks) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """How many memories of each type the channel holds (forgotten ones aside), and for
+    each type its memories in the indexes (ACTIVE, COLD, ARCHIVED) by tenth of heat:
+    [0, 0.1), …, [0.9, 1]. The indexed ones are counted in bulk from their columns, only
+    the others (ghosts, merged) from their records."""
+    ids, heats, types = _indexed_heats(channel, clocks)
     tenths = np.minimum((heats * 10.0).astype(np.int64), 9)
     counts = np.zeros((len(TYPES), 10), dtype=np.int64)
     np.add.at(counts, (types, tenths), 1)
-    return {TYPES[code]: counts[code].tolist() for code in np.flatnonzero(counts.sum(axis=1))}
+    by_tenth = {TYPES[code]: counts[code].tolist() for code in np.flatnonzero(counts.sum(axis=1))}
+    by_type = {name: sum(tenths_of) for name, tenths_of in by_tenth.items()}
+    indexed = set(ids)
+    for memory_id in channel.ids_after(""):
+        if memory_id not in indexed:
+            record = channel.evolved(channel.records[memory_id], clocks)
+            if record.state != DELETED:
+                by_type[record.memory_type] = by_type.get(record.memory_type, 0) + 1
+    return by_type, by_tenth
 
 
 def _hottest(heats: np.ndarray, rows: np.ndarray, pool: int) -> np.ndarray:

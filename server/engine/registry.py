@@ -21,7 +21,7 @@ from calor.server.engine.changes import Changes, changing, commit
 from calor.server.engine.channel import Channel
 from calor.server.engine.due import DueChannels
 from calor.server.engine.graphs import GraphBuilds
-from calor.server.engine.hottest import by_heat, heat_histograms, ranked_all
+from calor.server.engine.hottest import by_heat, ranked_all, type_census
 from calor.server.engine.results import ChannelStatus, Current, ListedPage
 from calor.server.engine.states import RecordTable
 from calor.server.errors import NotFoundError
@@ -324,18 +324,16 @@ class ChannelRegistry:
             return ChannelStatus(0, {}, {}, 0.0)
         with live.lock:
             clocks = live.clocks()
-            evolved = [live.evolved(r, clocks) for r in live.records.values()]
+            states = live.states()
+            types, histograms = type_census(live, clocks)
             heat = live.state.heat(live.policy, clocks.now)
             sweeps, interactions = live.state.sweeps, live.state.interactions
             dreams = list(reversed(live.state.recent_dreams))
-            histograms = heat_histograms(live, clocks)
             hottest = ranked_all(live, clocks)[:_HOTTEST_SHOWN]
             shown = [live.current(live.records[memory_id], clocks) for memory_id in hottest]
-        states = Counter(r.state for r in evolved)
-        types = Counter(r.memory_type for r in evolved if r.state != DELETED)
         total = sum(count for state, count in states.items() if state != DELETED)
         return ChannelStatus(
-            total, dict(states), dict(types), heat, sweeps, interactions, shown, dreams, histograms
+            total, states, types, heat, sweeps, interactions, shown, dreams, histograms
         )
 
     def census(self) -> tuple[int, dict[str, int]]:
