@@ -22,6 +22,7 @@ from calor.v1 import memory_service_pb2 as pb
 from calor.v1.memory_service_pb2_grpc import MemoryServiceStub
 from tests.conftest import ServerThread
 from tests.helpers import DAY, EPISODIC, FACT, store
+from tests.test_heat import record
 
 HOUR = 3600.0
 BOOST = 0.15  # DESIGN §3 boost_delta
@@ -150,18 +151,9 @@ def test_an_unknown_memory_has_no_curve(manual_server: ManualServer) -> None:
 # --- the history on the record (pure) ----------------------------------------
 
 
-def _record(memory_type: str = "episodic", at: float = 0.0) -> MemoryRecord:
-    return MemoryRecord(
-        id="m",
-        channel="c",
-        text="t",
-        memory_type=memory_type,
-        created_at=at,
-        updated_at=at,
-        heat0=1.0,
-        t0=at,
-        heat_history=[],
-    )
+def _record(memory_type: str = "episodic") -> MemoryRecord:
+    """A record stored at 0, as this version stores them: its history kept from then."""
+    return record(memory_type, heat_history=[])
 
 
 def test_a_record_keeps_its_latest_jumps_only() -> None:
