@@ -4,13 +4,13 @@ curve (for uPlot) and the graph neighbourhood two hops out (for Cytoscape.js).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from calor.client._enums import edge_name
 from calor.client.aio import AsyncCalorClient
 from calor.client.errors import NotFoundError
-from calor.v1 import memory_service_pb2
+from calor.v1 import memory_pb2, memory_service_pb2
 
 __all__ = ["FIRST_HOP", "SECOND_HOP", "curve_picture", "neighbourhood"]
 
@@ -64,7 +64,7 @@ async def neighbourhood(
     calor: AsyncCalorClient,
     channel: str,
     found: memory_service_pb2.InspectResponse,
-    url_of: Any,
+    url_of: Callable[[str], object],
 ) -> dict[str, Any]:
     """The memory's graph two hops out: its :data:`FIRST_HOP` strongest edges, and each
     neighbour's :data:`SECOND_HOP` strongest, as Cytoscape.js elements (each node with
@@ -128,7 +128,7 @@ async def _inspected(
         return None  # forgotten between the two reads: drawn without it
 
 
-def _node(memory: Any, hop: int, url_of: Any) -> dict[str, Any]:
+def _node(memory: memory_pb2.Memory, hop: int, url_of: Callable[[str], object]) -> dict[str, Any]:
     text = memory.text if len(memory.text) <= _LABEL else memory.text[: _LABEL - 1] + "…"
     return {
         "data": {

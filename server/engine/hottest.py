@@ -106,8 +106,7 @@ def by_heat(channel: Channel, clocks: Clocks) -> list[str]:
     """Every memory of the channel (in any state), hottest first, ties by id: the
     indexed ones' heats in bulk, the others' from their records."""
     ids, heats, _ = _indexed_heats(channel, clocks)
-    indexed = set(ids)
-    rest = [memory_id for memory_id in channel.ids_after("") if memory_id not in indexed]
+    rest = _unindexed(channel, ids)
     others = np.array([channel.heat(channel.records[i], clocks) for i in rest], dtype=float)
     ids += rest
     order = np.lexsort((np.array(ids), -np.concatenate([heats, others])))
@@ -125,13 +124,17 @@ def type_census(channel: Channel, clocks: Clocks) -> tuple[dict[str, int], dict[
     np.add.at(counts, (types, tenths), 1)
     by_tenth = {TYPES[code]: counts[code].tolist() for code in np.flatnonzero(counts.sum(axis=1))}
     by_type = {name: sum(tenths_of) for name, tenths_of in by_tenth.items()}
-    indexed = set(ids)
-    for memory_id in channel.ids_after(""):
-        if memory_id not in indexed:
-            record = channel.evolved(channel.records[memory_id], clocks)
-            if record.state != DELETED:
-                by_type[record.memory_type] = by_type.get(record.memory_type, 0) + 1
+    for memory_id in _unindexed(channel, ids):
+        record = channel.evolved(channel.records[memory_id], clocks)
+        if record.state != DELETED:
+            by_type[record.memory_type] = by_type.get(record.memory_type, 0) + 1
     return by_type, by_tenth
+
+
+def _unindexed(channel: Channel, indexed: list[str]) -> list[str]:
+    """The channel's memories outside its indexes (ghosts, merged, forgotten), by id."""
+    held = set(indexed)
+    return [memory_id for memory_id in channel.ids_after("") if memory_id not in held]
 
 
 def _hottest(heats: np.ndarray, rows: np.ndarray, pool: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import islice
 
@@ -292,20 +292,19 @@ class ChannelRegistry:
         """A page of memories in id order (resuming after a memory id) or hottest first
         (resuming at a position of the order as it stands at each page's request)."""
         channel = self.find(query.channel)
-        page = ListedPage([], [], "")
         if channel is None:
-            return page
+            return ListedPage([], [], "")
         with channel.lock:
             clocks = channel.clocks()
-            page = replace(page, at=clocks.now)
+            page = ListedPage([], [], "", at=clocks.now)
+            candidates: Iterator[tuple[str, str]]  # (memory id, where to resume after it)
             if query.order == "heat":
-                ordered = by_heat(channel, clocks)[query.position :]
-                first = query.position + 1
-                resumes = [f"{HEAT_POSITION}{first + k}" for k in range(len(ordered))]
+                rest = by_heat(channel, clocks)[query.position :]
+                after = enumerate(rest, start=query.position + 1)
+                candidates = ((i, f"{HEAT_POSITION}{n}") for n, i in after)
             else:
-                ordered = list(channel.ids_after(query.after_id))
-                resumes = ordered
-            for memory_id, resume in zip(ordered, resumes, strict=True):
+                candidates = ((i, i) for i in channel.ids_after(query.after_id))
+            for memory_id, resume in candidates:
                 record = channel.evolved(channel.records[memory_id], clocks)
                 if not query.matches(record):
                     continue

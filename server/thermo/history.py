@@ -153,13 +153,18 @@ def steps(entries: list[list[Any]], current: Piece, curve: str) -> list[Step]:
     ]
 
 
+def _pieces(entries: list[list[Any]], current: Piece, curve: str) -> list[Piece]:
+    """The pieces of a record's history, oldest first, the last one ``current``."""
+    caught_up = _caught_up(entries, current, curve)
+    return [_piece(entry) for entry in caught_up[:-1]] + [current]
+
+
 def heats_at(
     entries: list[list[Any]], current: Piece, times: Sequence[float], curve: str
 ) -> list[float]:
     """Heat at each of ``times`` (ascending) on a record's history, projected along
     ``current`` past its start; ``nan`` before the history begins."""
-    caught_up = _caught_up(entries, current, curve)
-    pieces = [_piece(entry) for entry in caught_up[:-1]] + [current]
+    pieces = _pieces(entries, current, curve)
     starts = [piece.start for piece in pieces]
     heats = []
     for at in times:
@@ -175,11 +180,10 @@ def past_points(
     with both sides of every jump; the last piece is ``current`` (the record as it
     stands, under the channel's settings now). ``flat`` draws each piece at its start's
     heat (decay that runs on interactions, not the clock)."""
-    caught_up = _caught_up(entries, current, curve)
-    pieces = [_piece(entry) for entry in caught_up[:-1]] + [current]
+    pieces = _pieces(entries, current, curve)
     if flat:
         pieces = [Piece(p.start, p.heat, math.inf, p.floor) for p in pieces]
-    ends = [float(entry[0]) for entry in caught_up[1:]] + [now]
+    ends = [piece.start for piece in pieces[1:]] + [now]
     points: list[tuple[float, float]] = []
     for piece, end in zip(pieces, ends, strict=True):
         end = max(end, piece.start)
