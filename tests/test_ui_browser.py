@@ -234,7 +234,10 @@ def test_the_channel_page_lists_its_memories_and_links_each_to_its_page(
     assert "need its admin permission" in browser.page_source  # the garden is read-only
     _shot(browser, "channel")
     browser.find_element(By.LINK_TEXT, GARDEN[2]).click()
-    assert browser.find_element(By.ID, "text").text == GARDEN[2]
+    text = WebDriverWait(browser, 10).until(
+        expected_conditions.presence_of_element_located((By.ID, "text"))
+    )
+    assert text.text == GARDEN[2]
     facts = browser.find_element(By.ID, "facts").text
     assert "type" in facts and "heat" in facts
 
@@ -246,6 +249,7 @@ def test_the_recall_playground_puts_the_answer_first_with_its_score_parts(
     form = browser.find_element(By.ID, "recall-form")
     form.find_element(By.NAME, "query").send_keys("What does Ada drink after weeding?")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(form))  # the answer's page
     hits = browser.find_elements(By.CSS_SELECTOR, "#hits li.hit")
     assert hits, "the playground showed no hit"
     assert hits[0].find_element(By.CLASS_NAME, "hit-text").text == GARDEN[2]
