@@ -9,10 +9,12 @@ its screenshot there.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calor.client import CalorClient
 from calor.server.cluster.local import free_port
+from calor.v1 import memory_pb2
 from tests.test_access import add_key
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
@@ -44,6 +47,7 @@ pytestmark = pytest.mark.skipif(
 
 READABLE = "ui-garden"
 ALSO_READABLE = "ui-kitchen"
+WORKSHOP = "ui-shed"  # the inspector's key may write here (and nowhere else)
 SECRET = "ui-vault"
 GARDEN = [
     "Ada waters the tomatoes every morning before work.",
@@ -63,10 +67,12 @@ MIGRATION_COLOUR = (0x70, 0x48, 0xE8)  # calor.js's colour for the cold-storage 
 
 @dataclass
 class Running:
-    """A `calor serve` and a `calor ui` on it, and an admin client of the server."""
+    """A `calor serve`, a read-only `calor ui` on it and one started with
+    ``--allow-writes`` (both with the same key), and an admin client of the server."""
 
     target: str
     ui: str
+    writer: str
     admin: CalorClient
     ids: dict[str, str]
 
@@ -104,15 +110,42 @@ def _wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"calor ui did not answer at {url}")
 
 
+def _start_ui(target: str, key: str, *options: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        _calor("--target", target, "--api-key", key, "ui", "--port", str(port), *options),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(base + "/static/calor.css", process)
+    except RuntimeError:
+        _stop(process)
+        raise
+    return process, base
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     folder = tmp_path_factory.mktemp("ui")
     auth = folder / "keys.toml"
     _, root = add_key(auth, "*=admin", label="root")
-    # The inspector's key reads the garden and administers the kitchen (whose triggers
-    # an admin may list), and may not see the vault at all.
-    _, viewer = add_key(auth, f"{READABLE}=read", f"{ALSO_READABLE}=admin", label="viewer")
-    port, ui_port = free_port(), free_port()
+    # The inspector's key reads the garden, administers the kitchen (whose triggers an
+    # admin may list), writes in the shed, and may not see the vault at all.
+    _, viewer = add_key(
+        auth, f"{READABLE}=read", f"{ALSO_READABLE}=admin", f"{WORKSHOP}=read,write", label="viewer"
+    )
+    port = free_port()
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     log = (folder / "serve.log").open("wb")
     serve = subprocess.Popen(
@@ -123,7 +156,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         env=env,
     )
     target = f"127.0.0.1:{port}"
-    ui = None
+    uis: list[subprocess.Popen[bytes]] = []
     try:
         _wait_serving(target, serve, folder / "serve.log")
         admin = CalorClient(target, channel=READABLE, api_key=root)
@@ -141,24 +174,16 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         admin.recall(KITCHEN[0], channel=ALSO_READABLE, limit=1)  # a jump on its curve
         admin.dream(channel=READABLE)
         admin.store("The vault code is 4-8-15-16.", channel=SECRET)
-        ui = subprocess.Popen(
-            _calor("--target", target, "--api-key", viewer, "ui", "--port", str(ui_port)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        base = f"http://127.0.0.1:{ui_port}"
-        _wait_http(base + "/static/calor.css", ui)
-        yield Running(target, base, admin, ids)
+        admin.store("The spare twine hangs on the shed door.", channel=WORKSHOP)
+        reader, base = _start_ui(target, viewer)
+        uis.append(reader)
+        writer, writing = _start_ui(target, viewer, "--allow-writes")
+        uis.append(writer)
+        yield Running(target, base, writing, admin, ids)
         admin.close()
     finally:
-        for process in (ui, serve):
-            if process is not None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+        for process in (*uis, serve):
+            _stop(process)
         log.close()
 
 
@@ -196,7 +221,7 @@ def test_the_fleet_page_lists_the_channels_the_key_may_read_and_no_other(
 ) -> None:
     browser.get(running.ui + "/")
     names = _texts(browser, "#channels a.channel")
-    assert names == [READABLE, ALSO_READABLE] or sorted(names) == sorted([READABLE, ALSO_READABLE])
+    assert sorted(names) == sorted([READABLE, ALSO_READABLE, WORKSHOP])
     assert SECRET not in browser.page_source
     row = browser.find_element(By.XPATH, f"//tr[td/a[text()='{READABLE}']]")
     assert row.find_elements(By.TAG_NAME, "td")[1].text == str(len(GARDEN))
@@ -388,3 +413,145 @@ def test_the_channel_page_lists_triggers_with_their_latest_firings_for_an_admin(
     ]
     assert all(f.find_element(By.TAG_NAME, "time").text for f in firings)
     assert _texts(browser, "#dreams") == [] and "has not dreamt yet" in browser.page_source
+
+
+def _post(url: str, fields: dict[str, str], **headers: str) -> int:
+    """The HTTP status a form POST gets (without following a redirect)."""
+
+    class _Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    request = urllib.request.Request(
+        url, data=urllib.parse.urlencode(fields).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.build_opener(_Stay()).open(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return error.code
+
+
+def _click_and_wait(browser: WebDriver, selector: str) -> None:
+    page = browser.find_element(By.TAG_NAME, "main")
+    browser.find_element(By.CSS_SELECTOR, selector).click()
+    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+
+
+def test_a_writing_inspector_boosts_pins_and_forgets_from_the_memory_page(
+    running: Running, browser: WebDriver
+) -> None:
+    memory_id = running.admin.store(
+        "Ada oils the shears after pruning the roses.", channel=WORKSHOP
+    ).id
+    before = running.admin.boost(memory_id, -0.5, channel=WORKSHOP)  # room to warm
+    page = running.writer + f"/channels/{WORKSHOP}/memories/{memory_id}"
+    browser.get(page)
+    assert "read-only" not in browser.find_element(By.TAG_NAME, "header").text
+
+    _click_and_wait(browser, "#actions button[value=boost]")
+    assert browser.find_element(By.ID, "done").text.startswith("Boosted")
+    boosted = running.admin.inspect(memory_id, channel=WORKSHOP).memory
+    assert boosted.heat0 > before.heat0
+
+    _click_and_wait(browser, "#actions button[value=keystone]")
+    assert running.admin.inspect(memory_id, channel=WORKSHOP).memory.keystone
+    assert "keystone" in browser.find_element(By.ID, "facts").text
+    _click_and_wait(browser, "#actions button[value=unkeystone]")  # the pin's button turned
+    assert not running.admin.inspect(memory_id, channel=WORKSHOP).memory.keystone
+
+    page_before = browser.find_element(By.TAG_NAME, "main")
+    browser.find_element(By.CSS_SELECTOR, "#actions button[value=forget]").click()
+    browser.switch_to.alert.accept()  # it asks first
+    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page_before))
+    assert browser.current_url.startswith(running.writer + f"/channels/{WORKSHOP}")
+    assert browser.find_element(By.ID, "done").text == "Forgotten."
+    assert memory_id not in browser.find_element(By.ID, "memories").get_attribute("innerHTML")
+    gone = running.admin.inspect(memory_id, channel=WORKSHOP).memory
+    assert memory_pb2.MemoryState.Name(gone.state) == "MEMORY_STATE_DELETED"
+
+
+def test_a_writing_inspector_still_changes_nothing_its_key_may_only_read(
+    running: Running, browser: WebDriver
+) -> None:
+    memory_id = running.ids[GARDEN[4]]
+    before = running.admin.inspect(memory_id).memory
+    browser.get(running.writer + f"/channels/{READABLE}/memories/{memory_id}")
+    _click_and_wait(browser, "#actions button[value=boost]")
+    assert "permission" in browser.find_element(By.ID, "error").text.lower()
+    assert running.admin.inspect(memory_id).memory.heat0 == before.heat0
+
+
+def test_a_write_without_its_pages_token_is_refused_and_changes_nothing(
+    running: Running,
+) -> None:
+    memory_id = running.admin.store("The rake's handle is cracked.", channel=WORKSHOP).id
+    before = running.admin.inspect(memory_id, channel=WORKSHOP).memory
+    boost = {"action": "boost", "channel": WORKSHOP, "memory": memory_id}
+    # A cross-site form carries no cookie; a forged one does not bear the inspector's
+    # signature; a read-only inspector takes no write at all, token or none.
+    assert _post(running.writer + "/act", boost) == 403
+    forged = "forged-token"
+    assert (
+        _post(running.writer + "/act", {**boost, "csrftoken": forged}, Cookie=f"csrftoken={forged}")
+        == 403
+    )
+    assert _post(running.writer + "/recall", {"channel": WORKSHOP, "query": "rake"}) == 403
+    assert _post(running.ui + "/act", boost) == 404
+    assert _post(running.ui + "/recall", {"channel": WORKSHOP, "query": "rake"}) == 405
+    after = running.admin.inspect(memory_id, channel=WORKSHOP).memory
+    assert (after.heat0, after.recall_count) == (before.heat0, before.recall_count)
+
+
+def test_a_write_with_its_pages_token_is_checked_before_it_changes_anything(
+    running: Running,
+) -> None:
+    memory_id = running.admin.store("The hose reel leaks at the tap.", channel=WORKSHOP).id
+    before = running.admin.boost(memory_id, -0.5, channel=WORKSHOP)
+    with urllib.request.urlopen(
+        running.writer + f"/channels/{WORKSHOP}/memories/{memory_id}", timeout=10
+    ) as page:
+        cookie = page.headers["set-cookie"].split(";")[0]
+        token = re.search(r'name="csrftoken" value="([^"]+)"', page.read().decode())
+    assert token is not None and cookie.startswith("csrftoken=")
+    signed = {"channel": WORKSHOP, "memory": memory_id, "csrftoken": token.group(1)}
+    assert _post(running.writer + "/act", {**signed, "action": "melt"}, Cookie=cookie) == 400
+    assert (
+        _post(running.writer + "/act", {**signed, "action": "boost", "memory": ""}, Cookie=cookie)
+        == 400
+    )
+    unchanged = running.admin.inspect(memory_id, channel=WORKSHOP).memory
+    assert unchanged.heat0 == before.heat0
+    assert _post(running.writer + "/act", {**signed, "action": "boost"}, Cookie=cookie) == 303
+    assert running.admin.inspect(memory_id, channel=WORKSHOP).memory.heat0 > before.heat0
+
+
+def test_the_inspector_answers_only_to_its_loopback_names(running: Running) -> None:
+    # A page elsewhere that rebinds its own name to 127.0.0.1 still sends that name.
+    rebound = urllib.request.Request(running.writer + "/", headers={"Host": "calor.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(rebound, timeout=10)
+    refused.value.close()
+    assert refused.value.code == 400
+    with urllib.request.urlopen(running.writer.replace("127.0.0.1", "localhost") + "/") as page:
+        assert page.status == 200
+
+
+def test_a_writing_inspector_warms_what_a_recall_finds_only_when_asked_to(
+    running: Running, browser: WebDriver
+) -> None:
+    answer = "The bread starter lives in the blue jar on the top shelf."
+    memory_id = running.admin.store(answer, channel=WORKSHOP).id
+    query = urllib.parse.urlencode(
+        {"channel": WORKSHOP, "query": "where is the bread starter kept?", "limit": "1"}
+    )
+    browser.get(running.writer + "/recall?" + query)  # a link: a peek
+    assert _texts(browser, "#hits li.hit .hit-text") == [answer]
+    assert "a peek" in browser.find_element(By.ID, "asked").text
+    assert running.admin.inspect(memory_id, channel=WORKSHOP).memory.recall_count == 0
+
+    _click_and_wait(browser, "#warm button[type=submit]")
+    assert _texts(browser, "#hits li.hit .hit-text") == [answer]
+    assert "warmed" in browser.find_element(By.ID, "asked").text
+    assert running.admin.inspect(memory_id, channel=WORKSHOP).memory.recall_count == 1

@@ -4,13 +4,18 @@ refused call is shown."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import uvicorn
+from asgi_csrf import asgi_csrf
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -27,6 +32,7 @@ from calor.client.errors import (
     UnauthenticatedError,
 )
 from calor.client.ui import _pages
+from calor.client.ui._actions import ACT_PATH, act, csrf_input
 from calor.client.ui._events import event_stream
 
 __all__ = ["UiOptions", "create_app", "serve"]
@@ -40,6 +46,7 @@ _STATUS: tuple[tuple[type[CalorClientError], int], ...] = (
     (PermissionDeniedError, 403),
     (NotFoundError, 404),
 )
+_LOOPBACK = ("127.0.0.1", "localhost")
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,11 @@ class UiOptions:
     security: ChannelSecurity = field(default_factory=ChannelSecurity)
     """The API key every call carries and the TLS to speak."""
     allow_writes: bool = False
-    """Whether a page may change anything (a recall that warms what it finds)."""
+    """Whether a page may change anything: boost, pin or forget a memory, or recall and
+    warm what it finds (each a form POST with a CSRF token)."""
+    hosts: tuple[str, ...] = ("*",)
+    """The host names its pages answer to; an inspector served on loopback answers only
+    to loopback names, so a web page elsewhere cannot reach it by rebinding its DNS."""
     timeout: float = 10.0
     """Seconds each call to the server may take."""
 
@@ -60,6 +71,7 @@ def create_app(options: UiOptions) -> Starlette:
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     templates.env.globals["allow_writes"] = options.allow_writes
     templates.env.globals["target"] = options.target
+    templates.env.globals["csrf_input"] = csrf_input
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -81,18 +93,39 @@ def create_app(options: UiOptions) -> Starlette:
         Route("/", _pages.fleet, name="fleet"),
         Route("/channels/{channel:path}/memories/{memory_id}", _pages.memory, name="memory"),
         Route("/channels/{channel:path}", _pages.channel, name="channel"),
-        Route("/recall", _pages.recall, name="recall"),
+        Route("/recall", _pages.recall, name="recall", methods=_recall_methods(options)),
         Route("/events", _pages.events, name="events"),
         Route("/events/stream", event_stream, name="event_stream"),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(options.hosts))]
+    if options.allow_writes:
+        routes.append(Route(ACT_PATH, act, name="act", methods=["POST"]))
+        # Double-submit CSRF: a POST must echo the signed token its page's cookie holds.
+        # The write paths are checked even without a cookie (the inspector holds its own
+        # key: a cross-site form would carry none).
+        middleware.append(
+            Middleware(
+                asgi_csrf,
+                signing_secret=secrets.token_hex(32),
+                always_protect={ACT_PATH, "/recall"},
+            )
+        )
     return Starlette(
         routes=routes,
+        middleware=middleware,
         lifespan=lifespan,
         exception_handlers={CalorClientError: refused, grpc.RpcError: refused},
     )
 
 
+def _recall_methods(options: UiOptions) -> list[str]:
+    """A peek is a GET; a recall that warms is a POST, taken only from a writer."""
+    return ["GET", "POST"] if options.allow_writes else ["GET"]
+
+
 def serve(options: UiOptions, *, host: str = "127.0.0.1", port: int = 8700) -> None:
     """Serve the inspector on ``host:port`` until interrupted."""
+    if host in _LOOPBACK:
+        options = dataclasses.replace(options, hosts=_LOOPBACK)
     uvicorn.run(create_app(options), host=host, port=port, log_level="warning")

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
-from starlette.datastructures import QueryParams
+from starlette.datastructures import FormData, ImmutableMultiDict
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -30,17 +30,26 @@ from calor.client.ui._shapes import (
     trigger_row,
 )
 
-__all__ = ["channel", "events", "fleet", "memory", "recall"]
+__all__ = ["DONE", "calor_of", "channel", "events", "fleet", "memory", "recall"]
 
 PAGE_SIZE = 100
 """Memories a channel page lists at a time, hottest first."""
 RECENT_FIRINGS = 5
 """Latest firings a channel page shows of each trigger."""
+DONE = {
+    "boost": "Boosted: its heat grew.",
+    "keystone": "Pinned as a keystone: its heat no longer decays.",
+    "unkeystone": "Unpinned: its heat decays again.",
+    "forget": "Forgotten.",
+}
+"""What each action's page says it did, by action."""
 _BANDS = ("", "low", "mid", "high")
+_RECALL_FIELDS = ("query", "as_of", "min_band", "limit", "type")
 _T = TypeVar("_T")
 
 
-def _calor(request: Request) -> AsyncCalorClient:
+def calor_of(request: Request) -> AsyncCalorClient:
+    """The gRPC client the inspector's pages share."""
     return request.app.state.calor  # type: ignore[no-any-return]
 
 
@@ -51,7 +60,7 @@ def _render(request: Request, template: str, context: dict[str, Any]) -> Respons
 async def fleet(request: Request) -> Response:
     """Every channel the key can read, with its memories by state, heat, open conflicts
     and active gates."""
-    calor = _calor(request)
+    calor = calor_of(request)
     names = await calor.list_channels()
     identities = await asyncio.gather(*(calor.identity(channel=name) for name in names))
     rows = [channel_row(name, found) for name, found in zip(names, identities, strict=True)]
@@ -62,7 +71,7 @@ async def channel(request: Request) -> Response:
     """One channel: a page of its memories hottest first, each with its heat sparkline;
     its memories by heat and type; its latest dreams; its triggers and their latest
     firings."""
-    calor = _calor(request)
+    calor = calor_of(request)
     name = request.path_params["channel"]
     page_token = request.query_params.get("page", "")
     identity, page, triggers = await asyncio.gather(
@@ -90,6 +99,7 @@ async def channel(request: Request) -> Response:
             "sparklines": sparklines(page),
             "next_page": page.next_page_token,
             "first_page": not page_token,
+            "done": DONE.get(request.query_params.get("done", "")),
             "histograms": histograms(identity),
             "dreams": [dream_row(record) for record in identity.recent_dreams],
             "triggers": (
@@ -104,7 +114,7 @@ async def channel(request: Request) -> Response:
 async def memory(request: Request) -> Response:
     """One memory: its text, type, tags, provenance, utility, its heat curve and its
     graph neighbourhood."""
-    calor = _calor(request)
+    calor = calor_of(request)
     name, memory_id = request.path_params["channel"], request.path_params["memory_id"]
     found = await calor.inspect(memory_id, channel=name, heat_curve=True)
     edges = sorted(found.edges, key=lambda edge: -edge.weight)
@@ -129,20 +139,22 @@ async def memory(request: Request) -> Response:
             "utility": list(found.utility_factors),
             "curve": curve_picture(found.heat_curve),
             "graph": graph,
+            "done": DONE.get(request.query_params.get("done", "")),
         },
     )
 
 
 async def recall(request: Request) -> Response:
-    """The recall playground: a query's hits with each score's parts, peek unless the
-    inspector may write and the form asks otherwise."""
-    calor = _calor(request)
+    """The recall playground: a query's hits with each score's parts. Asked by a link
+    (GET) it peeks; posted (only an inspector that may write takes the POST, with its
+    CSRF token) it recalls for real and warms what it finds."""
+    calor = calor_of(request)
     names = await calor.list_channels()
-    form = request.query_params
-    query = form.get("query", "").strip()
+    peek = request.method != "POST"
+    form = request.query_params if peek else _texts(await request.form())
+    query = (form.get("query") or "").strip()
     chosen = form.get("channel") or (names[0] if names else "")
     hits: list[HitRow] = []
-    peek = not (request.app.state.options.allow_writes and form.get("warm") == "1")
     if query and chosen:
         answer = await calor.recall(query, channel=chosen, **_recall_options(form, peek))
         hits = [hit_row(hit) for hit in answer.hits]
@@ -154,6 +166,9 @@ async def recall(request: Request) -> Response:
             "chosen": chosen,
             "query": query,
             "form": dict(form),
+            "chosen_types": form.getlist("type"),
+            "fields": [("channel", chosen)]
+            + [(k, v) for k, v in form.multi_items() if k in _RECALL_FIELDS],
             "types": MEMORY_TYPE_NAMES,
             "bands": _BANDS,
             "hits": hits,
@@ -177,7 +192,12 @@ async def _unless_refused(call: Awaitable[_T]) -> _T | None:
         return None
 
 
-def _recall_options(form: QueryParams, peek: bool) -> dict[str, Any]:
+def _texts(form: FormData) -> ImmutableMultiDict[str, str]:
+    """A posted form's text fields (a file sent in one is not a recall's option)."""
+    return ImmutableMultiDict([(k, v) for k, v in form.multi_items() if isinstance(v, str)])
+
+
+def _recall_options(form: ImmutableMultiDict[str, str], peek: bool) -> dict[str, Any]:
     """The recall's options from the playground's form."""
     options: dict[str, Any] = {"limit": 10, "peek": peek}
     try:
