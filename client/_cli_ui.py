@@ -36,7 +36,10 @@ def add_ui_command(
     ui.add_argument(
         "--allow-writes",
         action="store_true",
-        help="let the pages change memories (a recall that warms what it finds)",
+        help=(
+            "let the pages change memories: boost, pin or forget one, recall and warm "
+            "the hits (each form CSRF-guarded)"
+        ),
     )
 
 
