@@ -9,8 +9,10 @@ process) is then asked for each page, 3 times to warm up and 20 times measured:
   each time, as a browser's first visit);
 - **browser** (when Debian's chromium and chromedriver are here): headless Chromium's
   own Navigation Timing from the start of the navigation to the end of the load event
-  (the page's scripts, which draw its charts and graph, have run by then: the bench
-  checks each page's drawn mark is there). WebDriver's own round trips are not counted.
+  (the page's scripts have drawn the charts in view by then: the bench checks each
+  page's drawn mark is there; sparklines further down a channel's page, and a memory's
+  graph when it lies below the fold, are drawn as they are scrolled to). WebDriver's
+  own round trips are not counted.
 
 The channel page is asked for its first page and for the 41st (memories 4,000 to
 4,099 by heat). The target: every page under 300 ms at p50 (DESIGN's inspector, issue

@@ -31,7 +31,7 @@ from calor.v1 import memory_pb2
 from tests.test_access import add_key
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import TimeoutException, WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
@@ -216,6 +216,21 @@ def _texts(browser: WebDriver, selector: str) -> list[str]:
     return [element.text for element in browser.find_elements(By.CSS_SELECTOR, selector)]
 
 
+def _click_and_wait(browser: WebDriver, selector: str, *, confirm: bool = False) -> None:
+    """Click what ``selector`` finds (accepting the question it asks, with ``confirm``)
+    and wait for the page the click opens to have loaded."""
+    browser.execute_script("window.calorPageBefore = true;")
+    browser.find_element(By.CSS_SELECTOR, selector).click()
+    if confirm:
+        WebDriverWait(browser, 10).until(expected_conditions.alert_is_present()).accept()
+    # While Chromium swaps the page, a script may be refused: that is not the answer yet.
+    WebDriverWait(browser, 10, ignored_exceptions=(WebDriverException,)).until(
+        lambda _: browser.execute_script(
+            "return !window.calorPageBefore && document.readyState === 'complete';"
+        )
+    )
+
+
 def test_the_fleet_page_lists_the_channels_the_key_may_read_and_no_other(
     running: Running, browser: WebDriver
 ) -> None:
@@ -273,8 +288,7 @@ def test_the_recall_playground_puts_the_answer_first_with_its_score_parts(
     browser.get(running.ui + "/recall")
     form = browser.find_element(By.ID, "recall-form")
     form.find_element(By.NAME, "query").send_keys("What does Ada drink after weeding?")
-    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(form))  # the answer's page
+    _click_and_wait(browser, "#recall-form button[type=submit]")  # the answer's page
     hits = browser.find_elements(By.CSS_SELECTOR, "#hits li.hit")
     assert hits, "the playground showed no hit"
     assert hits[0].find_element(By.CLASS_NAME, "hit-text").text == GARDEN[2]
@@ -382,6 +396,8 @@ def test_the_memory_page_draws_its_neighbourhood_and_a_click_opens_a_neighbour(
     neighbours = {e.to_id if e.from_id == memory_id else e.from_id for e in edges}
     assert neighbours, "the kitchen memories were stored alike enough to be linked"
     browser.get(running.ui + f"/channels/{ALSO_READABLE}/memories/{memory_id}")
+    # It is drawn once it is scrolled to (its library is fetched then).
+    browser.execute_script("document.getElementById('graph').scrollIntoView();")
     graph = WebDriverWait(browser, 10).until(
         expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#graph[data-nodes]"))
     )
@@ -433,12 +449,6 @@ def _post(url: str, fields: dict[str, str], **headers: str) -> int:
         return error.code
 
 
-def _click_and_wait(browser: WebDriver, selector: str) -> None:
-    page = browser.find_element(By.TAG_NAME, "main")
-    browser.find_element(By.CSS_SELECTOR, selector).click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
-
-
 def test_a_writing_inspector_boosts_pins_and_forgets_from_the_memory_page(
     running: Running, browser: WebDriver
 ) -> None:
@@ -461,10 +471,7 @@ def test_a_writing_inspector_boosts_pins_and_forgets_from_the_memory_page(
     _click_and_wait(browser, "#actions button[value=unkeystone]")  # the pin's button turned
     assert not running.admin.inspect(memory_id, channel=WORKSHOP).memory.keystone
 
-    page_before = browser.find_element(By.TAG_NAME, "main")
-    browser.find_element(By.CSS_SELECTOR, "#actions button[value=forget]").click()
-    browser.switch_to.alert.accept()  # it asks first
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page_before))
+    _click_and_wait(browser, "#actions button[value=forget]", confirm=True)  # it asks first
     assert browser.current_url.startswith(running.writer + f"/channels/{WORKSHOP}")
     assert browser.find_element(By.ID, "done").text == "Forgotten."
     assert memory_id not in browser.find_element(By.ID, "memories").get_attribute("innerHTML")
@@ -555,3 +562,23 @@ def test_a_writing_inspector_warms_what_a_recall_finds_only_when_asked_to(
     assert _texts(browser, "#hits li.hit .hit-text") == [answer]
     assert "warmed" in browser.find_element(By.ID, "asked").text
     assert running.admin.inspect(memory_id, channel=WORKSHOP).memory.recall_count == 1
+
+
+def test_a_long_channel_page_draws_each_rows_sparkline_by_the_time_it_is_scrolled_to(
+    running: Running, browser: WebDriver
+) -> None:
+    running.admin.store_many(
+        [f"Seed packet {n}: sow row {n} of the shed's bench with cress." for n in range(60)],
+        channel=WORKSHOP,
+    )
+    browser.get(running.ui + f"/channels/{WORKSHOP}")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#memories tbody tr")
+    assert len(rows) > 60
+    table = browser.find_element(By.ID, "memories")
+    assert int(table.get_attribute("data-sparklines") or 0) > 0  # the rows in view
+    for row in rows:  # read down the page as a person would
+        browser.execute_script("arguments[0].scrollIntoView({block: 'end'});", row)
+        WebDriverWait(browser, 10).until(
+            lambda _, row=row: row.find_elements(By.CSS_SELECTOR, "td.spark canvas")
+        )
+    assert table.get_attribute("data-sparklines") == str(len(rows))

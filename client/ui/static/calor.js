@@ -124,6 +124,20 @@ function calorCurve(figure, curve) {
   window.calorCurveChart = new uPlot(options, data, figure);
 }
 
+// The graph once it comes near the view: Cytoscape.js (the page's largest script by
+// far) is fetched then, so a page whose graph is below the fold loads without it.
+function calorGraphWhenSeen(container, graph, library) {
+  const near = new IntersectionObserver((entries) => {
+    if (!entries.some((entry) => entry.isIntersecting)) return;
+    near.disconnect();
+    const script = document.createElement("script");
+    script.src = library;
+    script.onload = () => calorGraph(container, graph);
+    document.head.append(script);
+  });
+  near.observe(container);
+}
+
 // A memory's graph neighbourhood (Cytoscape.js): nodes coloured by heat, the memory
 // itself outlined, edges as wide as their weight; a click opens a memory's page.
 function calorGraph(container, graph) {
@@ -152,9 +166,8 @@ function calorSparklines(table, data) {
   const days = data.days;
   const middle = days.indexOf(0);
   let drawn = 0;
-  table.querySelectorAll("td.spark").forEach((cell) => {
+  const draw = (cell) => {
     const line = data.lines[cell.dataset.memory];
-    if (!line) return;
     const past = line.map((h, i) => (i <= middle ? h : null));
     const ahead = line.map((h, i) => (i >= middle ? h : null));
     new uPlot({
@@ -164,8 +177,23 @@ function calorSparklines(table, data) {
         { stroke: "#d9480f", width: 1, dash: [3, 3], points: { show: false } }],
     }, [days, past, ahead], cell);
     drawn += 1;
-  });
+    table.dataset.sparklines = String(drawn);
+  };
+  // The rows in view are drawn now, the rest as they scroll near it (a page holds a
+  // hundred: drawing them all would hold the page up for the ones nobody sees yet).
+  const cells = [...table.querySelectorAll("td.spark")].filter((cell) => data.lines[cell.dataset.memory]);
+  const fold = window.innerHeight;
+  const below = new Set(cells.filter((cell) => cell.getBoundingClientRect().top > fold));
+  cells.filter((cell) => !below.has(cell)).forEach(draw);
   table.dataset.sparklines = String(drawn);
+  const near = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) continue;
+      near.unobserve(entry.target);
+      draw(entry.target);
+    }
+  }, { rootMargin: "300px 0px" });
+  below.forEach((cell) => near.observe(cell));
 }
 
 // A channel's memories by tenth of heat, one small bar chart (uPlot) per type.
