@@ -42,12 +42,13 @@ async def act(request: Request) -> Response:
         await calor.boost(memory_id, channel=channel)
     elif action in ("keystone", "unkeystone"):
         await calor.keystone(memory_id, action == "keystone", channel=channel)
-    else:
-        if not await calor.forget(memory_id, channel=channel):
-            raise NotFoundError(
-                grpc.StatusCode.NOT_FOUND, f"no memory {memory_id!r} in channel {channel!r}"
-            )
-        page = request.url_for("channel", channel=channel)
-        return RedirectResponse(f"{page}?done={action}", status_code=303)
-    page = request.url_for("memory", channel=channel, memory_id=memory_id)
+    elif not await calor.forget(memory_id, channel=channel):
+        raise NotFoundError(
+            grpc.StatusCode.NOT_FOUND, f"no memory {memory_id!r} in channel {channel!r}"
+        )
+    page = (
+        request.url_for("channel", channel=channel)
+        if action == "forget"
+        else request.url_for("memory", channel=channel, memory_id=memory_id)
+    )
     return RedirectResponse(f"{page}?done={action}", status_code=303)

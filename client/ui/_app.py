@@ -47,6 +47,7 @@ _STATUS: tuple[tuple[type[CalorClientError], int], ...] = (
     (NotFoundError, 404),
 )
 _LOOPBACK = ("127.0.0.1", "localhost")
+_RECALL_PATH = "/recall"
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def create_app(options: UiOptions) -> Starlette:
         Route("/", _pages.fleet, name="fleet"),
         Route("/channels/{channel:path}/memories/{memory_id}", _pages.memory, name="memory"),
         Route("/channels/{channel:path}", _pages.channel, name="channel"),
-        Route("/recall", _pages.recall, name="recall", methods=_recall_methods(options)),
+        Route(_RECALL_PATH, _pages.recall, name="recall", methods=_recall_methods(options)),
         Route("/events", _pages.events, name="events"),
         Route("/events/stream", event_stream, name="event_stream"),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
@@ -108,7 +109,7 @@ def create_app(options: UiOptions) -> Starlette:
             Middleware(
                 asgi_csrf,
                 signing_secret=secrets.token_hex(32),
-                always_protect={ACT_PATH, "/recall"},
+                always_protect={ACT_PATH, _RECALL_PATH},
             )
         )
     return Starlette(

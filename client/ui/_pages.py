@@ -99,7 +99,7 @@ async def channel(request: Request) -> Response:
             "sparklines": sparklines(page),
             "next_page": page.next_page_token,
             "first_page": not page_token,
-            "done": DONE.get(request.query_params.get("done", "")),
+            "done": _done(request),
             "histograms": histograms(identity),
             "dreams": [dream_row(record) for record in identity.recent_dreams],
             "triggers": (
@@ -139,7 +139,7 @@ async def memory(request: Request) -> Response:
             "utility": list(found.utility_factors),
             "curve": curve_picture(found.heat_curve),
             "graph": graph,
-            "done": DONE.get(request.query_params.get("done", "")),
+            "done": _done(request),
         },
     )
 
@@ -181,6 +181,11 @@ async def recall(request: Request) -> Response:
 async def events(request: Request) -> Response:
     """The live event stream of the readable channels, filtered by kind and trigger."""
     return _render(request, "events.html", {"kinds": EVENT_KIND_NAMES})
+
+
+def _done(request: Request) -> str | None:
+    """What the action that led here did, as its page says it (``?done=``), if any."""
+    return DONE.get(request.query_params.get("done", ""))
 
 
 async def _unless_refused(call: Awaitable[_T]) -> _T | None:

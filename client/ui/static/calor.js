@@ -124,8 +124,8 @@ function calorCurve(figure, curve) {
   window.calorCurveChart = new uPlot(options, data, figure);
 }
 
-// The graph once it comes near the view: Cytoscape.js (the page's largest script by
-// far) is fetched then, so a page whose graph is below the fold loads without it.
+// The graph once it comes into view: Cytoscape.js (the page's largest script by far)
+// is fetched then, so a page whose graph is below the fold loads without it.
 function calorGraphWhenSeen(container, graph, library) {
   const near = new IntersectionObserver((entries) => {
     if (!entries.some((entry) => entry.isIntersecting)) return;
