@@ -10,10 +10,8 @@ work (listing, status, conflicts) are the registry's, as ``engine.channels``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -30,7 +28,6 @@ from calor.server.engine.dream import Dreamer, DreamReport, keep_apart
 from calor.server.engine.evaluate import Evaluation, evaluate
 from calor.server.engine.feedback import TypeTally
 from calor.server.engine.ratings import Ratings
-from calor.server.engine.recall_effects import heated, recall_effects
 from calor.server.engine.recall_log import (
     ForeignHit,
     RecallEntry,
@@ -38,6 +35,7 @@ from calor.server.engine.recall_log import (
     logged_hits,
     new_recall_id,
 )
+from calor.server.engine.recalling import Recaller
 from calor.server.engine.registry import ChannelRegistry
 from calor.server.engine.rejections import rejection
 from calor.server.engine.results import Current, RecallResult, Stored
@@ -46,19 +44,16 @@ from calor.server.engine.share import shared_copy
 from calor.server.engine.storing import StagedStore, StorePipeline
 from calor.server.engine.transfer import Transfer
 from calor.server.engine.tuning import TuneReport
+from calor.server.engine.upkeep import Upkeep
 from calor.server.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    ResourceExhaustedError,
 )
 from calor.server.events import Cause, EventRecord, memory_event
-from calor.server.recall.ranking import Hit, rank_channel, recall_window
-from calor.server.recall.temporal import TimeWindow
-from calor.server.records import ACTIVE, DELETED, MERGED, MemoryRecord
-from calor.server.stages import stage
+from calor.server.recall.ranking import Hit
+from calor.server.records import DELETED, MERGED, MemoryRecord
 from calor.server.storage.store import MemoryStore
-from calor.server.thermo.channel_state import ChannelState
 from calor.server.thermo.curve import HeatCurve, heat_curve
 from calor.server.thermo.gates import load_limit
 from calor.server.thermo.graph import Edge
@@ -76,10 +71,6 @@ __all__ = ["ChannelOwner", "Current", "MemoryEngine", "RecallResult", "Stored"]
 
 # A change applied to a copy of a record: (record, policy, clocks).
 _Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
-# At most this many warmed neighbours are named in an on_recall event, for the decay
-# scheduler; warmth only delays a crossing, so an unnamed one is rescheduled when its
-# old crossing comes due.
-_RESONATED_LOGGED = 64
 
 
 class ChannelOwner(Protocol):
@@ -120,6 +111,18 @@ class MemoryEngine:
         """Every channel's log of recalls (and context calls), which feedback names."""
         self._ratings = Ratings(store, clock, self.channels, self.recall_log)
         self.background: Callable[[Callable[[], object]], object] = lambda work: work()
+        """Runs work off the caller's thread (consolidation sweeps, scheduled dreams);
+        the server gives it its executor."""
+        self._upkeep = Upkeep(
+            store,
+            clock,
+            self.channels,
+            dream=lambda channel, cold_only: self.dream(channel, cold_only),
+            background=lambda work: self.background(work),
+        )
+        self._recaller = Recaller(
+            store, clock, self.channels, self.recall_log, self._upkeep.migrate_due
+        )
         self.owners: list[ChannelOwner] = []
         """Components whose keeping of a channel goes when it is dropped."""
         self.dreamt: Callable[[DreamReport, bool], None] = lambda report, cold_only: None
@@ -174,182 +177,14 @@ class MemoryEngine:
         foreign: Sequence[ForeignHit] = (),
         room: Callable[[Sequence[Hit | ForeignHit]], int] | None = None,
     ) -> RecallResult:
-        """Rank the memories of the caller's channel (and any it names) for a query.
-
-        Unless ``peek``, the returned memories of the caller's own channel whose band
-        reaches the channel's ``heat_min_band`` are recalled (heat bumped, stability
-        multiplied, count raised) and their heat resonates to their neighbours: an
-        unrelated hit that only fills ``limit`` is not rewarded (relevance before heat).
-        The recall itself still warms the channel and counts as an interaction; all
-        written before it answers, and on disk moments later (``storage.wal_sync``).
-        ``min_band`` leaves out hits below that band.
-        Every hit returned is logged, in the same batch, under a new recall id that
-        feedback names (``recall_id``; empty for a peek, which logs nothing).
-        A channel never written to is read as an empty one and stays unwritten (and
-        its recall, logging nothing, has no recall id).
-        ``inflight`` counts the calls the server is serving, this one included (the
-        load gate reads it). ``foreign`` are the hits of named channels that other
-        shards hold (cluster mode), ranked there: they take their place among this
-        store's hits, and are returned and logged like them. ``room`` says how many of
-        the best hits one answer can carry (the server's message limit): the rest are
-        left out before anything is recalled or logged (``RecallResult.truncated``).
-
-        Raises:
-            ResourceExhaustedError: Not even the best hit fits in one answer.
-        """
-        now = self._clock.now()
-        window = recall_window(query, now)
-        policy = self.channels.policy(query.channel)
-        limit = load_limit(policy, query.limit, inflight)
-        hits: list[Hit] = []
-        own = self.channels.find(query.channel)
-        if own is None:
-            if not query.peek:
-                ChannelState().check_ceiling(policy, now)
-        else:
-            with own.lock:
-                if not query.peek:
-                    own.state.check_ceiling(policy, now)
-                self._migrate_due(own)
-                hits.extend(self._rank(own, query, query_vector, window, limit, mine=True))
-        for name in query.channels:
-            other = self.channels.find(name)
-            if other is not None:
-                with other.lock:
-                    hits.extend(self._rank(other, query, query_vector, window, limit, mine=False))
-        ranked: list[Hit | ForeignHit] = [*hits, *foreign]
-        ranked.sort(key=_rank_order)
-        best = ranked[:limit]
-        carried = len(best) if room is None else room(best)
-        if best and carried == 0:
-            raise ResourceExhaustedError(
-                "the best hit alone is larger than one answer may be (the server's "
-                "--max-message-bytes); nothing was recalled"
-            )
-        kept = [
-            replace(h, record=h.record.copy()) if isinstance(h, Hit) else h for h in best[:carried]
-        ]
-        recall_id = ""
-        if not query.peek and own is not None:
-            recall_id = new_recall_id(now)
-            logged = logged_hits(kept, own.name, self.channels.policy)
-            entry = RecallEntry(recall_id, now, tuple(logged))
-            mine = [h for h in kept if isinstance(h, Hit) and h.record.channel == own.name]
-            with own.lock:
-                self._recalled(own, mine, entry)
-        memories = [self._current(h.record) if isinstance(h, Hit) else None for h in kept]
-        return RecallResult(kept, window, memories, recall_id, carried < len(best))
-
-    def _current(self, record: MemoryRecord) -> Current:
-        """A memory of a hit as it stands now."""
-        view = self.channels.find(record.channel)
-        assert view is not None  # a hit comes from a channel that exists
-        return view.current(record)
-
-    def _rank(
-        self,
-        channel: Channel,
-        query: RecallQuery,
-        vector: np.ndarray,
-        window: TimeWindow | None,
-        limit: int,
-        mine: bool,
-    ) -> list[Hit]:
-        """The best ``limit`` hits of the channel's live index, and its attic when asked
-        (their words weighed by what both hold, so that their scores compare)."""
-        indexes = (channel.index, channel.attic) if query.include_archived else (channel.index,)
-        return rank_channel(
-            indexes,
-            channel.records,
-            channel.policy,
-            query,
-            vector,
-            window,
-            channel.clocks(),
-            mine,
-            limit,
-        )
-
-    def _recalled(self, channel: Channel, hits: list[Hit], entry: RecallEntry) -> None:
-        """Bump the relevant hits (:func:`heated`), spread their heat, warm the channel,
-        and log the recall (``entry``, every hit it returned); one batch."""
-        policy = channel.policy
-        clocks = Clocks(self._clock.now(), channel.state.interactions + 1)
-        with stage("heat effects"):
-            effects = recall_effects(channel, heated(hits, policy), policy, clocks)
-        # Heat effects answer before the disk has them (synced within moments after:
-        # wal_sync.py); a crash of the server loses none of them.
-        with stage("commit"), changing(self._store, channel, synced=False) as change:
-            for record in effects.changed.values():
-                change.put(record)
-            change.set_heats(effects.warmed, clocks.now, clocks.interactions)
-            warm = sorted({*effects.changed, *effects.warmed} - set(effects.recalled))
-            warmed = ",".join(warm[:_RESONATED_LOGGED])
-            for memory_id in effects.recalled:
-                record = effects.changed[memory_id]
-                change.log(
-                    memory_event("on_recall", record, clocks.now, record.heat0, resonated=warmed)
-                )
-            change.set_state(effects.state)
-            change.keep(self.recall_log.writes(channel.name, entry))
-        for hit in hits:
-            if hit.record.id in effects.changed:
-                hit.record = replace(effects.changed[hit.record.id])
-
-    def _migrate_due(self, channel: Channel) -> None:
-        """Persist the state changes whose moment has come (COLD, cold storage, ghosts),
-        and count a consolidation sweep when enough memories turned cold."""
-        policy = channel.policy
-        clocks = channel.clocks()
-        due = channel.due_transitions()
-        sweep = channel.cold_since_sweep >= policy.cold_count_trigger
-        if not due and not sweep:
-            return
-        state = replace(channel.state, sweeps=channel.state.sweeps + 1) if sweep else None
-        with changing(self._store, channel) as change:
-            for record in due:
-                change.put(record)
-                before = channel.records[record.id].state
-                if record.state != before:
-                    change.log(_transition_event(record, before, policy, clocks))
-            if state is not None:
-                change.set_state(state)
-        if state is not None:
-            # The consolidation sweep: the cold memories' heat and states are now
-            # materialised and due migrations done (above); a dream over the cold
-            # memories follows, off this call (DESIGN §6).
-            name = channel.name
-            self.background(lambda: self.dream(name, cold_only=True))
+        """Rank the memories of the caller's channel (and any it names) for a query, and
+        recall them unless ``peek`` (see :meth:`Recaller.recall`)."""
+        return self._recaller.recall(query, query_vector, inflight, foreign, room)
 
     def settle_due(self) -> None:
         """Persist, on time, what fell due by itself in every channel whose moment came
-        (see :mod:`calor.server.engine.due`): state changes, their ``on_decay`` events,
-        the consolidation sweep a channel owes, the dream its curator's schedule owes."""
-        due = self.channels.due
-        now = self._clock.now()
-        for name in due.take_due(now):
-            channel = self.channels.find(name)
-            if channel is None:
-                continue
-            with channel.lock:
-                self._migrate_due(channel)
-                if not channel.dreaming and now >= channel.dream_due_at():
-                    channel.dreaming = True  # its dream notes the next moment when done
-                    self.background(partial(self._scheduled_dream, channel))
-                upcoming = channel.schedule[0][0] if channel.schedule else math.inf
-                if not channel.dreaming:
-                    upcoming = min(upcoming, channel.dream_due_at())
-                if upcoming != math.inf:
-                    due.note(upcoming, name)
-
-    def _scheduled_dream(self, channel: Channel) -> None:
-        """The dream the curator's schedule owes a channel (``dream_interval_seconds``)."""
-        try:
-            self.dream(channel.name)
-        finally:
-            with channel.lock:
-                channel.dreaming = False
-                channel.note_dream()
+        (see :class:`Upkeep`)."""
+        self._upkeep.settle_due()
 
     # --- reads -----------------------------------------------------------------
 
@@ -688,7 +523,7 @@ class MemoryEngine:
                 logged = logged_hits(hits, live.name, self.channels.policy)
                 entry = RecallEntry(recall_id, now, tuple(logged))
                 if query.heat:
-                    self._recalled(live, hits, entry)
+                    self._recaller.recalled(live, hits, entry)
                 else:
                     with changing(self._store, live) as change:
                         change.keep(self.recall_log.writes(live.name, entry))
@@ -804,20 +639,3 @@ class MemoryEngine:
             return 0, None
         accumulated, crossed = self._dreamer.add_entropy(live, entropy)
         return accumulated, self.dream(channel) if crossed else None
-
-
-def _rank_order(hit: Hit | ForeignHit) -> tuple[float, str]:
-    """Where a hit ranks among a recall's hits (best first, ties by memory id)."""
-    return hit.order if isinstance(hit, ForeignHit) else (-hit.score, hit.record.id)
-
-
-def _transition_event(
-    record: MemoryRecord, before: str, policy: ChannelPolicy, clocks: Clocks
-) -> EventRecord:
-    """The ``on_decay`` event of a state a memory reached by itself (COLD, cold storage,
-    ghost), at the moment it was reached, naming the state; leaving ACTIVE it names the
-    cold threshold it crossed too, as ever."""
-    crossed = {"threshold": repr(policy.cold_threshold)} if before == ACTIVE else {}
-    heat = current_heat(record, policy, clocks)
-    payload = {"state": record.state, **crossed}
-    return memory_event("on_decay", record, record.updated_at, heat, None, **payload)
