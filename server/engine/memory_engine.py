@@ -32,8 +32,6 @@ from calor.server.engine.recall_log import (
     ForeignHit,
     RecallEntry,
     RecallLog,
-    logged_hits,
-    new_recall_id,
 )
 from calor.server.engine.recalling import Recaller
 from calor.server.engine.registry import ChannelRegistry
@@ -117,7 +115,7 @@ class MemoryEngine:
             store,
             clock,
             self.channels,
-            dream=lambda channel, cold_only: self.dream(channel, cold_only),
+            dream=self.dream,
             background=lambda work: self.background(work),
         )
         self._recaller = Recaller(
@@ -519,15 +517,13 @@ class MemoryEngine:
             # it was logged under, unless it heats (each heating call is a recall).
             if result.items and (query.heat or not result.reused):
                 hits = [replace(i.hit, record=i.hit.record.copy()) for i in result.items]
-                recall_id = new_recall_id(now)
-                logged = logged_hits(hits, live.name, self.channels.policy)
-                entry = RecallEntry(recall_id, now, tuple(logged))
+                entry = RecallEntry.new(hits, live.name, self.channels.policy, now)
                 if query.heat:
                     self._recaller.recalled(live, hits, entry)
                 else:
                     with changing(self._store, live) as change:
                         change.keep(self.recall_log.writes(live.name, entry))
-                result = replace(result, recall_id=recall_id)
+                result = replace(result, recall_id=entry.recall_id)
             if not result.reused:
                 self._contexts.keep(live, query, nodes, result)
             memories = [live.current(live.records[i.hit.record.id]) for i in result.items]

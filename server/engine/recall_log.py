@@ -11,8 +11,7 @@ days) and a channel keeps at most :data:`MAX_ENTRIES` of them; each new entry dr
 to :data:`TRIM_PER_ENTRY` of the oldest that are past either bound, with their feedback,
 in the same batch. Entries are written with the change they describe:
 
-    hits = logged_hits(ranked, channel.name, registry.policy)
-    entry = RecallEntry(new_recall_id(now), now, tuple(hits))
+    entry = RecallEntry.new(ranked, channel.name, registry.policy, now)
     with changing(store, channel) as change:
         ...
         change.keep(recall_log.writes(channel.name, entry))
@@ -164,6 +163,18 @@ class RecallEntry:
         """The entry as stored."""
         data = {"at": self.at, "hits": [hit.as_dict() for hit in self.hits]}
         return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def new(
+        cls,
+        hits: Iterable[Hit | ForeignHit],
+        channel: str,
+        policy_of: Callable[[str], ChannelPolicy],
+        at: float,
+    ) -> RecallEntry:
+        """The entry of a recall of ``channel`` made ``at`` (a new recall id), its hits
+        as :func:`logged_hits` keeps them."""
+        return cls(new_recall_id(at), at, tuple(logged_hits(hits, channel, policy_of)))
 
     @classmethod
     def from_json(cls, recall_id: str, data: bytes) -> RecallEntry:

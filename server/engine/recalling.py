@@ -17,8 +17,6 @@ from calor.server.engine.recall_log import (
     ForeignHit,
     RecallEntry,
     RecallLog,
-    logged_hits,
-    new_recall_id,
 )
 from calor.server.engine.registry import ChannelRegistry
 from calor.server.engine.results import Current, RecallResult
@@ -54,8 +52,8 @@ class Recaller:
     ) -> None:
         self._store = store
         self._clock = clock
-        self.channels = channels
-        self.recall_log = recall_log
+        self._channels = channels
+        self._recall_log = recall_log
         self._migrate_due = migrate_due
         """Persists what fell due in a channel before it is ranked (the caller holds its
         lock)."""
@@ -93,10 +91,10 @@ class Recaller:
         """
         now = self._clock.now()
         window = recall_window(query, now)
-        policy = self.channels.policy(query.channel)
+        policy = self._channels.policy(query.channel)
         limit = load_limit(policy, query.limit, inflight)
         hits: list[Hit] = []
-        own = self.channels.find(query.channel)
+        own = self._channels.find(query.channel)
         if own is None:
             if not query.peek:
                 ChannelState().check_ceiling(policy, now)
@@ -107,7 +105,7 @@ class Recaller:
                 self._migrate_due(own)
                 hits.extend(self._rank(own, query, query_vector, window, limit, mine=True))
         for name in query.channels:
-            other = self.channels.find(name)
+            other = self._channels.find(name)
             if other is not None:
                 with other.lock:
                     hits.extend(self._rank(other, query, query_vector, window, limit, mine=False))
@@ -125,9 +123,8 @@ class Recaller:
         ]
         recall_id = ""
         if not query.peek and own is not None:
-            recall_id = new_recall_id(now)
-            logged = logged_hits(kept, own.name, self.channels.policy)
-            entry = RecallEntry(recall_id, now, tuple(logged))
+            entry = RecallEntry.new(kept, own.name, self._channels.policy, now)
+            recall_id = entry.recall_id
             mine = [h for h in kept if isinstance(h, Hit) and h.record.channel == own.name]
             with own.lock:
                 self.recalled(own, mine, entry)
@@ -136,7 +133,7 @@ class Recaller:
 
     def _current(self, record: MemoryRecord) -> Current:
         """A memory of a hit as it stands now."""
-        view = self.channels.find(record.channel)
+        view = self._channels.find(record.channel)
         assert view is not None  # a hit comes from a channel that exists
         return view.current(record)
 
@@ -185,7 +182,7 @@ class Recaller:
                     memory_event("on_recall", record, clocks.now, record.heat0, resonated=warmed)
                 )
             change.set_state(effects.state)
-            change.keep(self.recall_log.writes(channel.name, entry))
+            change.keep(self._recall_log.writes(channel.name, entry))
         for hit in hits:
             if hit.record.id in effects.changed:
                 hit.record = replace(effects.changed[hit.record.id])
