@@ -6,7 +6,11 @@ sessions in time order, each a list of turns. Every turn becomes one memory
 midnight UTC plus its position among the persona's turns in seconds, so turns keep
 their order within a day. A query is a user turn marked ``is_query``; its gold is the
 ``memory_session_uuids`` of the assistant turn right after it, kept only where the
-session comes before the query's own; a query with none left is not scored.
+session comes before the query's own; a query with none left is not scored. Its gold
+turns are the turns the memories that reply used (``memory_used``) were taken from:
+each is one of its session's ``extracted_memory``, whose ``source_content_snapshot``
+is the text of that turn (the turn that starts with it, or else the one its
+``source_turn`` numbers from 1), so recall can also be scored message by message.
 
 The service under test sees only :class:`Turn` ``text`` and ``created_at`` and the
 query's ``text``; session uuids and the evidence stay here, where the scorer reads them.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -58,6 +62,7 @@ class Query:
     session: int
     evidence: frozenset[int]
     category: str
+    evidence_turns: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,7 @@ def load(name: str, role: bool = True) -> Persona:
         _date(a["current_time"]) > _date(b["current_time"]) for a, b in pairwise(raw)
     )
     index = {str(s["session_uuid"]): i for i, s in enumerate(ordered)}
+    stored_at: list[dict[int, int]] = []  # per session: position in it → turn index
     turns: list[Turn] = []
     sessions: list[Session] = []
     queries: list[Query] = []
@@ -107,17 +113,20 @@ def load(name: str, role: bool = True) -> Persona:
         midnight = _date(session["current_time"]).timestamp()
         first = len(turns)
         said = session["dialogue_turns"]
+        stored_at.append({})
         for position, turn in enumerate(said):
             if _is_query(turn):
                 answer = said[position + 1] if position + 1 < len(said) else {}
                 query = _query(name, number, position, turn, answer, index, notes)
                 if query is not None:
-                    queries.append(query)
+                    gold = _evidence_turns(answer, ordered, index, stored_at, number, notes)
+                    queries.append(replace(query, evidence_turns=gold))
             content = str(turn["content"]).strip()
             if not content:
                 notes["empty turns not stored"] += 1
                 continue
             text = f"{str(turn['speaker']).lower()}: {content}" if role else content
+            stored_at[number][position] = len(turns)
             turns.append(Turn(text, number, midnight + len(turns)))
         end = len(turns)
         uuid, date = str(session["session_uuid"]), str(session["current_time"])
@@ -153,6 +162,48 @@ def _query(
         query_id = f"{persona}:{session}:{position}"
     category = str(turn.get("category_name") or "unknown")
     return Query(query_id, str(turn["content"]).strip(), session, earlier, category)
+
+
+def _evidence_turns(
+    answer: dict[str, Any],
+    ordered: list[dict[str, Any]],
+    index: dict[str, int],
+    stored_at: list[dict[int, int]],
+    session: int,
+    notes: Counter[str],
+) -> frozenset[int]:
+    """The stored turns of earlier sessions that the memories ``answer`` used came from."""
+    found: set[int] = set()
+    for used in answer.get("memory_used") or []:
+        number = index.get(str(used.get("session_uuid")), session)
+        if number >= session:
+            continue
+        content = str(used.get("content", "")).strip()
+        source = ordered[number]
+        extracted = [m for m in source["extracted_memory"] if str(m["content"]).strip() == content]
+        if not extracted:
+            notes["used memories not among their session's extracted ones"] += 1
+            continue
+        position = _source_position(source["dialogue_turns"], extracted[0])
+        if position is None or position not in stored_at[number]:
+            notes["used memories whose turn is not found"] += 1
+            continue
+        found.add(stored_at[number][position])
+    return frozenset(found)
+
+
+def _source_position(said: list[dict[str, Any]], memory: dict[str, Any]) -> int | None:
+    """The position of the turn an extracted memory came from: the one turn its snapshot
+    starts, or else ``source_turn`` (numbered from 1)."""
+    snapshot = str(memory.get("source_content_snapshot") or "").strip()[:80]
+    if snapshot:
+        starts = [i for i, t in enumerate(said) if str(t["content"]).strip().startswith(snapshot)]
+        if len(starts) == 1:
+            return starts[0]
+    number = memory.get("source_turn")
+    if isinstance(number, int) and 1 <= number <= len(said):
+        return number - 1
+    return None
 
 
 def _is_query(turn: dict[str, Any]) -> bool:
