@@ -145,16 +145,16 @@ def test_the_live_view_is_what_a_restart_rebuilds_from_rocksdb(
         "The garage door code is 4411.",
     )
     engine.recall(RecallQuery(channel=CHANNEL, query="boiler"), embedder.embed_query("boiler"))
-    engine.connect(CHANNEL, ids[0], ids[5], 0.4)
-    engine.connect(CHANNEL, ids[0], ids[5], 0.2)  # the larger weight stays, on disk too
-    engine.update(
+    engine.edits.connect(CHANNEL, ids[0], ids[5], 0.4)
+    engine.edits.connect(CHANNEL, ids[0], ids[5], 0.2)  # the larger weight stays, on disk too
+    engine.edits.update(
         UpdateChange(channel=CHANNEL, memory_id=ids[2], text="Zorblax services the boiler."),
         np.asarray(embedder.embed_passages(["Zorblax services the boiler."]))[0],
     )
-    engine.keystone(CHANNEL, ids[1], True)
+    engine.edits.keystone(CHANNEL, ids[1], True)
     engine.dream(CHANNEL)
     clock.advance(40 * 86_400.0)
-    engine.forget(CHANNEL, [ids[6]])
+    engine.edits.forget(CHANNEL, [ids[6]])
     engine.recall(RecallQuery(channel=CHANNEL, query="tea"), embedder.embed_query("tea"))
     engine.recall(RecallQuery(channel=CHANNEL, query="Ada"), embedder.embed_query("Ada"))
     assert list(opened.heats(CHANNEL)), "resonance warmed memories without rewriting them"
@@ -274,8 +274,8 @@ def test_the_view_names_the_memories_recent_changes_touched(
     assert channel is not None
     mark = channel.revision
     assert channel.touched_since(mark) == set()
-    engine.keystone(CHANNEL, first, True)
-    engine.forget(CHANNEL, [second])
+    engine.edits.keystone(CHANNEL, first, True)
+    engine.edits.forget(CHANNEL, [second])
     [third] = put(engine, embedder, "The teapot is green.")
     assert channel.touched_since(mark) == {first, second, third}
     assert channel.touched_since(mark + 1) == {second, third}

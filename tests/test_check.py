@@ -159,13 +159,13 @@ def use_for_real(engine: MemoryEngine, embedder: OnnxEmbedder, clock: ManualCloc
         note("Walked with Alice to the harbour after lunch.", tags={"session": "trip"}),
     )
     recall("what is the cat called?")
-    engine.connect(CHANNEL, facts[3], trip[0], 0.4)
+    engine.edits.connect(CHANNEL, facts[3], trip[0], 0.4)
     engine.dream(CHANNEL)  # merges the paraphrases, opens the gym conflicts
     merged = [r.id for r in engine._store.records(CHANNEL) if r.state == MERGED]
     assert states()[MERGED] == 2 and engine.channels.conflicts(CHANNEL)
-    engine.update(UpdateChange(CHANNEL, merged[0], clear_merge=True), None)  # un-merged
+    engine.edits.update(UpdateChange(CHANNEL, merged[0], clear_merge=True), None)  # un-merged
     corrected = "Alice and I walked to the harbour after a late lunch."
-    engine.update(
+    engine.edits.update(
         UpdateChange(CHANNEL, trip[1], text=corrected, supersedes=trip[0]),
         embedder.embed_passages([corrected])[0],
     )
@@ -174,7 +174,7 @@ def use_for_real(engine: MemoryEngine, embedder: OnnxEmbedder, clock: ManualCloc
     recall("when does the gym open?")  # the scratch note is a ghost by now
     engine.dream(CHANNEL)  # echoes around the ghost
     assert GHOST in states()
-    engine.forget(CHANNEL, [facts[1], facts[4]])  # one side of a conflict, a cat paraphrase
+    engine.edits.forget(CHANNEL, [facts[1], facts[4]])  # one side of a conflict, a cat paraphrase
     clock.advance(200 * DAY)
     engine.dream(CHANNEL)  # prunes the ghost
     clock.advance(10 * DAY)
@@ -214,7 +214,7 @@ def test_an_episode_after_a_forgotten_one_links_to_no_tombstone(
     vectors = embedder.embed_passages(texts)
     with engine_on(tmp_path, embedder) as engine:
         [first] = engine.store(items[:1], vectors[:1])
-        engine.forget(CHANNEL, [first.record.id])
+        engine.edits.forget(CHANNEL, [first.record.id])
         [second] = engine.store(items[1:], vectors[1:])
         assert second.record.session == first.record.session == "tag:walk"
         assert engine.inspect(CHANNEL, second.record.id)[1] == []
@@ -257,7 +257,7 @@ def test_a_forgotten_memory_that_kept_its_embedding_loses_it(
     tmp_path: Path, embedder: OnnxEmbedder, seeded: list[str]
 ) -> None:
     with engine_on(tmp_path, embedder) as engine:
-        engine.forget(CHANNEL, [seeded[1]])
+        engine.edits.forget(CHANNEL, [seeded[1]])
     with raw(tmp_path) as db:
         db[Keys.vector(CHANNEL, seeded[1])] = value(db, Keys.vector(CHANNEL, seeded[0]))
     problem = found_then_fixed(tmp_path, embedder, "deleted_vector")
@@ -287,7 +287,7 @@ def test_an_edge_to_a_memory_that_is_gone_is_dropped(
     if gone == "forgotten":
         other = seeded[2]
         with engine_on(tmp_path, embedder) as engine:
-            engine.forget(CHANNEL, [other])
+            engine.edits.forget(CHANNEL, [other])
     with raw(tmp_path) as db:
         db[Keys.edge(CHANNEL, seeded[0], other, "manual")] = b"0.5"
     with engine_on(tmp_path, embedder) as engine:
@@ -304,7 +304,7 @@ def test_a_conflict_with_a_forgotten_memory_is_settled(
     tmp_path: Path, embedder: OnnxEmbedder, seeded: list[str]
 ) -> None:
     with engine_on(tmp_path, embedder) as engine:
-        engine.forget(CHANNEL, [seeded[1]])
+        engine.edits.forget(CHANNEL, [seeded[1]])
     with raw(tmp_path) as db:
         db[Keys.conflict(CHANNEL, seeded[0], seeded[1])] = b"different days"
     with engine_on(tmp_path, embedder) as engine:
@@ -501,7 +501,7 @@ def test_a_heat_kept_for_a_forgotten_memory_is_dropped(
     tmp_path: Path, embedder: OnnxEmbedder, seeded: list[str]
 ) -> None:
     with engine_on(tmp_path, embedder) as engine:
-        engine.forget(CHANNEL, [seeded[1]])
+        engine.edits.forget(CHANNEL, [seeded[1]])
     with raw(tmp_path) as db:
         db[Keys.heat(CHANNEL, seeded[1])] = heat_bytes(0.9, 0.0, 0)
         db[Keys.heat(CHANNEL, NOWHERE)] = heat_bytes(0.9, 0.0, 0)

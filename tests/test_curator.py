@@ -268,7 +268,7 @@ def test_a_source_boosted_while_its_episode_is_embedded_is_cooled_as_of_then(
         vectors = embedder.embed_passages(texts)
         if not boosted:
             clock.advance(60)
-            boosted.append(engine.boost("travel", sources[0], -0.3).heat)
+            boosted.append(engine.edits.boost("travel", sources[0], -0.3).heat)
         return vectors
 
     engine.use_model(embed_then_boost)

@@ -437,7 +437,7 @@ def test_what_quotes_a_memory_is_scrubbed_when_it_is_forgotten(
         EventRecord("notify", "c", 1.0, memory_id, "t1", "stored: The safe code is 4711."),
         extra=[_quote(memory_id, Keys.delivery("t1:1"), "4711")],
     )
-    assert engine.forget("c", [memory_id]) == 1
+    assert engine.edits.forget("c", [memory_id]) == 1
     assert store.get(Keys.delivery("t1:1")) == b"scrubbed"
     [event] = [e for e in store.events_after(0) if e.kind == "notify"]
     assert (event.message, event.payload) == ("", {"forgotten": "true"})
@@ -452,7 +452,7 @@ def test_what_quotes_a_memory_already_forgotten_is_written_scrubbed(
 ) -> None:
     engine, store = small_engine
     memory_id = _stored(engine, "The safe code is 4711.")
-    engine.forget("c", [memory_id])
+    engine.edits.forget("c", [memory_id])
     engine.log(  # a trigger that read the memory before the forget, writing after it
         EventRecord("notify", "c", 1.0, memory_id, "t1", "stored: The safe code is 4711."),
         extra=[_quote(memory_id, Keys.delivery("t1:1"), "4711")],
@@ -472,7 +472,7 @@ def test_a_webhook_waiting_in_the_outbox_loses_the_text_of_a_forgotten_memory(
         "t1:7", "http://hooks.test/", body, "", None, None, "t1", "c", memory_id, 7, 1.0
     )
     engine.log(extra=[put_delivery(delivery)])
-    engine.forget("c", [memory_id])
+    engine.edits.forget("c", [memory_id])
     [waiting] = pending_deliveries(store)
     assert waiting.body["memory"] == {"id": memory_id, "text": "", "tags": {}, "forgotten": True}
     engine.log(extra=drop_delivery(waiting))  # delivered: gone, with its index entry

@@ -137,7 +137,7 @@ def test_a_memory_forgotten_while_the_batch_was_staged_is_never_linked_to(
     elder = next(r.id for r in view.records.values() if r.text == elder_text)
     staged = engine.staged()
     staged.add(items[:200], vectors[:200])
-    assert engine.forget(CHANNEL, [elder]) == 1  # the lock is free between parts
+    assert engine.edits.forget(CHANNEL, [elder]) == 1  # the lock is free between parts
     staged.add(items[200:], vectors[200:])
     ids = staged.finish(items, vectors)
 

@@ -160,7 +160,10 @@ class Setup:
 
     def crashing(self, budget: int) -> CrashAfter:
         wrapped = CrashAfter(self.store, budget)
+        # Every batch a trigger's action writes: a notify's (the engine's own) and a
+        # boost's or a tag's (its edits').
         self.memories._store = wrapped  # type: ignore[assignment,unused-ignore]
+        self.memories.edits._store = wrapped  # type: ignore[assignment,unused-ignore]
         return wrapped
 
     def events(self, trigger_id: str) -> list[tuple[str, int]]:

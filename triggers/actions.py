@@ -110,7 +110,7 @@ async def _boost(ctx: ActionContext) -> str:
         targets = await ctx.run(ctx.memories.channels.neighbours, ctx.record.channel, ctx.record.id)
     outcome = f"boosted {len(targets)}"
     await ctx.run(
-        ctx.memories.boost_all,
+        ctx.memories.edits.boost_all,
         ctx.record.channel,
         targets,
         delta,
@@ -123,7 +123,9 @@ async def _boost(ctx: ActionContext) -> str:
 async def _pin(ctx: ActionContext) -> str:
     outcome = "pinned"
     channel, memory_id = ctx.record.channel, ctx.record.id
-    await ctx.run(ctx.memories.keystone, channel, memory_id, True, ctx.cause, ctx.writes(outcome))
+    await ctx.run(
+        ctx.memories.edits.keystone, channel, memory_id, True, ctx.cause, ctx.writes(outcome)
+    )
     return outcome
 
 
@@ -131,7 +133,7 @@ async def _tag(ctx: ActionContext) -> str:
     key, value = ctx.rule.config_value("key", ""), ctx.rule.config_value("value", "")
     outcome = f"tagged {key}={value}"
     await ctx.run(
-        ctx.memories.tag,
+        ctx.memories.edits.tag,
         ctx.record.channel,
         ctx.record.id,
         {key: value},
@@ -144,7 +146,7 @@ async def _tag(ctx: ActionContext) -> str:
 async def _deprecate(ctx: ActionContext) -> str:
     outcome = "deprecated"
     channel, memory_id = ctx.record.channel, ctx.record.id
-    await ctx.run(ctx.memories.deprecate, channel, memory_id, ctx.cause, ctx.writes(outcome))
+    await ctx.run(ctx.memories.edits.deprecate, channel, memory_id, ctx.cause, ctx.writes(outcome))
     return outcome
 
 

@@ -271,14 +271,14 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         vector = None
         if change.text is not None:
             vector = (await self._rt.embeddings.passages([change.text]))[0]
-        record = await self._rt.run(self._rt.engine.update, change, vector)
+        record = await self._rt.run(self._rt.engine.edits.update, change, vector)
         return pb.UpdateResponse(memory=self._memory(record))
 
     @rpc_errors
     async def Keystone(self, request: pb.KeystoneRequest, context: _Context) -> pb.KeystoneResponse:
         validator = self._rt.validator
         record = await self._rt.run(
-            self._rt.engine.keystone,
+            self._rt.engine.edits.keystone,
             validator.channel(request.channel),
             validator.memory_id(request.id),
             request.keystone,
@@ -291,7 +291,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         channel = validator.channel(request.channel)
         memory_id = validator.memory_id(request.id)
         delta = validator.delta(request.delta)
-        record = await self._rt.run(self._rt.engine.boost, channel, memory_id, delta)
+        record = await self._rt.run(self._rt.engine.edits.boost, channel, memory_id, delta)
         return pb.BoostResponse(memory=self._memory(record))
 
     @rpc_errors
@@ -306,7 +306,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
             ids.extend(await self._rt.run(self._rt.engine.channels.matching, self._filter(request)))
         elif not ids:
             raise InvalidArgumentError("forget: give ids or a filter")
-        count = await self._rt.run(self._rt.engine.forget, channel, ids, request.reject)
+        count = await self._rt.run(self._rt.engine.edits.forget, channel, ids, request.reject)
         return pb.ForgetResponse(forgotten=count)
 
     def _filter(self, request: pb.ForgetRequest) -> ListQuery:
@@ -352,7 +352,7 @@ class MemoryServicer(memory_service_pb2_grpc.MemoryServiceServicer):
         from_id = validator.memory_id(request.from_id, "from_id")
         to_id = validator.memory_id(request.to_id, "to_id")
         weight = validator.unit(request.weight, "weight") or 1.0
-        edge = await self._rt.run(self._rt.engine.connect, channel, from_id, to_id, weight)
+        edge = await self._rt.run(self._rt.engine.edits.connect, channel, from_id, to_id, weight)
         return pb.ConnectResponse(edge=edge_message(edge))
 
     @rpc_errors

@@ -10,21 +10,22 @@ work (listing, status, conflicts) are the registry's, as ``engine.channels``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from calor.server.clock import Clock
-from calor.server.commands import NewMemory, RecallQuery, UpdateChange
+from calor.server.commands import NewMemory, RecallQuery
 from calor.server.config import APPROXIMATE_ABOVE
 from calor.server.engine.cards import EntityCard, EntityCards
-from calor.server.engine.changes import Bookkeeping, changing, forgotten_with
+from calor.server.engine.changes import Bookkeeping, changing
 from calor.server.engine.channel import Channel
 from calor.server.engine.context import ContextBuilder, ContextQuery, ContextResult, TokenCounter
 from calor.server.engine.curator import Embed
-from calor.server.engine.dream import Dreamer, DreamReport, keep_apart
+from calor.server.engine.dream import Dreamer, DreamReport
+from calor.server.engine.editing import MemoryEdits, record_of
 from calor.server.engine.evaluate import Evaluation, evaluate
 from calor.server.engine.feedback import TypeTally
 from calor.server.engine.ratings import Ratings
@@ -35,9 +36,7 @@ from calor.server.engine.recall_log import (
 )
 from calor.server.engine.recalling import Recaller
 from calor.server.engine.registry import ChannelRegistry
-from calor.server.engine.rejections import rejection
 from calor.server.engine.results import Current, RecallResult, Stored
-from calor.server.engine.settling import mark_superseded, settle_conflicts
 from calor.server.engine.share import shared_copy
 from calor.server.engine.storing import StagedStore, StorePipeline
 from calor.server.engine.transfer import Transfer
@@ -48,27 +47,16 @@ from calor.server.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from calor.server.events import Cause, EventRecord, memory_event
+from calor.server.events import EventRecord
 from calor.server.recall.ranking import Hit
-from calor.server.records import DELETED, MERGED, MemoryRecord
+from calor.server.records import DELETED
 from calor.server.storage.store import MemoryStore
 from calor.server.thermo.curve import HeatCurve, heat_curve
 from calor.server.thermo.gates import load_limit
 from calor.server.thermo.graph import Edge
-from calor.server.thermo.lifecycle import (
-    Clocks,
-    apply_boost,
-    apply_keystone,
-    current_heat,
-    evolve,
-    refresh_utility,
-)
 from calor.server.thermo.policy import ChannelPolicy
 
 __all__ = ["ChannelOwner", "Current", "MemoryEngine", "RecallResult", "Stored"]
-
-# A change applied to a copy of a record: (record, policy, clocks).
-_Edit = Callable[[MemoryRecord, ChannelPolicy, Clocks], None]
 
 
 class ChannelOwner(Protocol):
@@ -103,6 +91,9 @@ class MemoryEngine:
         self._contexts = ContextBuilder(self._cards)
         self._storing = StorePipeline(self.channels, store, clock)
         self._dreamer = Dreamer(store, self._storing, after=self._cards.refresh)
+        self.edits = MemoryEdits(store, clock, self.channels)
+        """Changes to existing memories: pins, boosts, tags, corrections, links,
+        deprecations and forgetting (see :mod:`calor.server.engine.editing`)."""
         self.transfer = Transfer(self.channels, store, clock, self._storing)
         """Export and Import of whole channels (see :mod:`calor.server.engine.transfer`)."""
         self.recall_log = RecallLog(store)
@@ -186,12 +177,6 @@ class MemoryEngine:
 
     # --- reads -----------------------------------------------------------------
 
-    def _get(self, channel: Channel, memory_id: str) -> MemoryRecord:
-        record = channel.records.get(memory_id)
-        if record is None:
-            raise NotFoundError(f"no memory {memory_id} in channel {channel.name!r}")
-        return record
-
     def inspect(self, channel: str, memory_id: str) -> tuple[Current, list[Edge]]:
         """One memory of a channel as it stands (tombstones included) and its edges."""
         now, edges, _ = self.inspect_with(channel, memory_id, curve=False)
@@ -205,7 +190,7 @@ class MemoryEngine:
         live = self.channels.existing(channel, memory_id)
         with live.lock:
             clocks = live.clocks()
-            now = live.current(self._get(live, memory_id), clocks)
+            now = live.current(record_of(live, memory_id), clocks)
             drawn = heat_curve(now.record, live.policy, clocks) if curve else None
             return now, live.graph.edges(memory_id), drawn
 
@@ -220,220 +205,7 @@ class MemoryEngine:
             change.log(*events)
             change.keep(extra)
 
-    # --- changes ---------------------------------------------------------------
-
-    def _change(
-        self,
-        channel: str,
-        memory_ids: Sequence[str],
-        edit: _Edit,
-        event: str = "",
-        cause: Cause | None = None,
-        extra: Bookkeeping = (),
-    ) -> list[Current]:
-        """Apply ``edit`` to each memory (one channel), in one batch with ``extra``."""
-        if not memory_ids:
-            self.log(extra=extra)
-            return []
-        live = self.channels.existing(channel, memory_ids[0])
-        with live.lock:
-            policy, clocks = live.policy, live.clocks()
-            changes: list[MemoryRecord] = []
-            for memory_id in dict.fromkeys(memory_ids):
-                current = self._get(live, memory_id)
-                if current.state == DELETED:
-                    raise NotFoundError(f"memory {memory_id} was forgotten")
-                changed = evolve(replace(current), policy, clocks)
-                edit(changed, policy, clocks)
-                refresh_utility(changed, clocks.now)
-                changes.append(changed)
-            with changing(self._store, live) as change:
-                for changed in changes:
-                    change.put(changed)
-                    if event:
-                        heat = current_heat(changed, policy, clocks)
-                        change.log(memory_event(event, changed, clocks.now, heat, cause=cause))
-                change.keep(extra)
-            return [live.current(changed, clocks) for changed in changes]
-
-    # A trigger's action passes ``cause`` and, as ``extra``, its cursor and bookkeeping
-    # writes: they join the action's own batch, so after a crash the action is either
-    # done and accounted for or not done at all.
-
-    def keystone(
-        self,
-        channel: str,
-        memory_id: str,
-        on: bool,
-        cause: Cause | None = None,
-        extra: Bookkeeping = (),
-    ) -> Current:
-        """Pin (keystone) or unpin a memory; a trigger's pin is logged as a ``pin`` event."""
-        [changed] = self._change(
-            channel,
-            [memory_id],
-            lambda r, p, c: apply_keystone(r, p, c, on),
-            "pin" if cause is not None else "",
-            cause,
-            extra,
-        )
-        return changed
-
-    def boost(
-        self,
-        channel: str,
-        memory_id: str,
-        delta: float,
-        cause: Cause | None = None,
-        extra: Bookkeeping = (),
-    ) -> Current:
-        """Add heat to a memory; 0 means the channel's ``boost_delta``."""
-        [changed] = self.boost_all(channel, [memory_id], delta, cause, extra)
-        return changed
-
-    def boost_all(
-        self,
-        channel: str,
-        memory_ids: Sequence[str],
-        delta: float,
-        cause: Cause | None = None,
-        extra: Bookkeeping = (),
-    ) -> list[Current]:
-        """Add heat to several memories of a channel in one batch (a trigger's boost of
-        a memory's neighbours); none is boosted if one cannot be."""
-        return self._change(
-            channel,
-            memory_ids,
-            lambda r, p, c: apply_boost(r, p, c, delta or p.boost_delta),
-            "on_boost",
-            cause,
-            extra,
-        )
-
-    def tag(
-        self,
-        channel: str,
-        memory_id: str,
-        tags: dict[str, str],
-        cause: Cause | None = None,
-        extra: Bookkeeping = (),
-    ) -> Current:
-        """Add tags to a memory (a trigger's ``tag`` action)."""
-
-        def add(record: MemoryRecord, policy: ChannelPolicy, clocks: Clocks) -> None:
-            record.tags = {**record.tags, **tags}
-
-        kind = "tag" if cause is not None else ""
-        [changed] = self._change(channel, [memory_id], add, kind, cause, extra)
-        return changed
-
-    def deprecate(
-        self,
-        channel: str,
-        memory_id: str,
-        cause: Cause | None = None,
-        extra: Bookkeeping = (),
-    ) -> Current:
-        """Deprecate a memory (a trigger's ``deprecate`` action): settled history, see
-        :mod:`calor.server.engine.settling`."""
-        live = self.channels.existing(channel, memory_id)
-        with live.lock:
-            policy, clocks = live.policy, live.clocks()
-            record = evolve(replace(self._get(live, memory_id)), policy, clocks)
-            if record.state == DELETED:
-                raise NotFoundError(f"memory {memory_id} was forgotten")
-            mark_superseded(record, None, policy, clocks)
-            refresh_utility(record, clocks.now)
-            with changing(self._store, live) as change:
-                settle_conflicts(change, live, record, (), policy, clocks)
-                change.put(record)
-                heat = current_heat(record, policy, clocks)
-                change.log(memory_event("deprecate", record, clocks.now, heat, cause=cause))
-                change.keep(extra)
-            return live.current(record, clocks)
-
-    def connect(self, channel: str, from_id: str, to_id: str, weight: float) -> Edge:
-        """Link two memories of a channel by hand (a ``manual`` edge)."""
-        if from_id == to_id:
-            raise InvalidArgumentError("to_id: a memory cannot be linked to itself")
-        live = self.channels.existing(channel, from_id)
-        with live.lock:
-            for memory_id in (from_id, to_id):
-                if self._get(live, memory_id).state == DELETED:
-                    raise NotFoundError(f"memory {memory_id} was forgotten")
-            with changing(self._store, live) as change:
-                edge = change.link(from_id, to_id, "manual", weight)
-            return edge
-
-    def update(self, change: UpdateChange, vector: np.ndarray | None) -> Current:
-        """Correct a memory; a new text comes with its new embedding."""
-        live = self.channels.existing(change.channel, change.memory_id)
-        with live.lock:
-            policy, clocks = live.policy, live.clocks()
-            current = self._get(live, change.memory_id)
-            if current.state == DELETED:
-                raise NotFoundError(f"memory {change.memory_id} was forgotten")
-            older = None
-            if change.supersedes:
-                if change.supersedes == change.memory_id:
-                    raise InvalidArgumentError("supersedes: a memory cannot supersede itself")
-                older = evolve(replace(self._get(live, change.supersedes)), policy, clocks)
-                if older.state == DELETED:
-                    raise NotFoundError(f"supersedes: memory {older.id} was forgotten")
-            changed = evolve(replace(current, updated_at=clocks.now), policy, clocks)
-            change.apply(changed, clocks.now, live.knows_entity)
-            if older is not None:
-                mark_superseded(older, changed, policy, clocks)
-            survivor = None
-            if change.clear_merge and current.state == MERGED:
-                survivor = replace(self._get(live, current.merged_into))
-                survivor.merged_from = [i for i in survivor.merged_from if i != current.id]
-                survivor.updated_at = clocks.now
-                keep_apart(changed, survivor)
-            refresh_utility(changed, clocks.now)
-            with changing(self._store, live) as writing:
-                if older is not None:
-                    settle_conflicts(writing, live, older, [changed], policy, clocks)
-                    writing.put(older)
-                    writing.link(changed.id, older.id, "supersedes", 1.0)
-                if survivor is not None:
-                    writing.put(survivor)
-                writing.put(changed, vector)
-                if change.text is not None:  # a corrected text settles its conflicts
-                    writing.settle_all(changed.id)
-            return live.current(changed, clocks)
-
-    def forget(self, channel: str, memory_ids: Iterable[str], reject: bool = False) -> int:
-        """Forget memories: each becomes a tombstone without text, embedding or edges, and
-        what quoted its text (event messages, webhook deliveries waiting in the outbox)
-        is rewritten without it, in one batch; the bytes leave the disk at the next purge.
-
-        What holds a copy of a forgotten text goes with it: the memories a dream merged
-        into it (and into those), and the Evaluate findings that quote it. With
-        ``reject``, each one's embedding stays behind as a rejection of the channel
-        (:mod:`calor.server.engine.rejections`). Returns how many memories were
-        forgotten, those included.
-        """
-        live = self.channels.find(channel)
-        if live is None:
-            return 0
-        with live.lock:
-            now = self._clock.now()
-            gone = forgotten_with(live, memory_ids)
-            if not gone:
-                return 0  # nothing to forget: write nothing
-            kept = [self._store.get_vector(channel, record.id) for record in gone] if reject else []
-            with changing(self._store, live) as change:
-                for record in gone:
-                    change.forget(record, now)
-                change.keep(
-                    [
-                        rejection(channel, record.id, vector)
-                        for record, vector in zip(gone, kept, strict=False)
-                        if vector is not None
-                    ]
-                )
-            return len(gone)
+    # --- dropping ---------------------------------------------------------------
 
     def drop_channel(self, channel: str) -> int:
         """Remove a whole channel in one batch: its memories (forgotten ones too), their
@@ -559,7 +331,7 @@ class MemoryEngine:
         INVALID_ARGUMENT when the prefixed copy would be over ``max_text_bytes``."""
         live = self.channels.existing(channel, memory_id)
         with live.lock:
-            record = self._get(live, memory_id)
+            record = record_of(live, memory_id)
             if record.state == DELETED:
                 raise NotFoundError(f"memory {memory_id} was forgotten")
             item = shared_copy(live.evolved(record), target)
