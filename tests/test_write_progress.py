@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from calor.client import CalorClient, InvalidArgumentError, NotFoundError, _progress
-from calor.server.engine.dream import DREAM_STEPS
+from calor.server.engine.dream_report import DREAM_STEPS
 from calor.v1 import memory_service_pb2 as pb
 from tests.helpers import Run
 

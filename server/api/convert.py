@@ -7,7 +7,7 @@ from collections.abc import Callable
 from calor.server.api.wire import Enum, enum_name, full_name, timestamp_message
 from calor.server.engine.cards import EntityCard
 from calor.server.engine.context import ContextResult
-from calor.server.engine.dream import DreamReport
+from calor.server.engine.dream_report import DreamReport
 from calor.server.engine.evaluate import Evaluation
 from calor.server.engine.feedback import TypeTally, hint
 from calor.server.engine.recall_log import ForeignHit, logged_hit

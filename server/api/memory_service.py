@@ -40,7 +40,7 @@ from calor.server.api.stream_store import StreamStore
 from calor.server.api.wire import decode_page_token, encode_page_token, timestamp_message
 from calor.server.commands import ListQuery, NewMemory, PackedItems
 from calor.server.embedding import BatchEmbedding
-from calor.server.engine.dream import DREAM_STEPS
+from calor.server.engine.dream_report import DREAM_STEPS
 from calor.server.engine.feedback import feedback_summary
 from calor.server.engine.recall_log import ForeignHit
 from calor.server.engine.results import Current, Stored

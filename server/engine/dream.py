@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from calor.server.engine import curator
 from calor.server.engine.changes import changing, commit
 from calor.server.engine.channel import Channel
 from calor.server.engine.curator import Embed
+from calor.server.engine.dream_report import DreamReport
 from calor.server.engine.storing import StorePipeline
 from calor.server.events import EventRecord
 from calor.server.recall.index import ScratchIndex
@@ -32,65 +33,13 @@ from calor.server.storage.store import MemoryStore
 from calor.server.thermo.lifecycle import Clocks, current_heat, evolve
 from calor.server.thermo.policy import ChannelPolicy, DreamThresholds
 
-__all__ = ["DREAM_STEPS", "DreamReport", "Dreamer", "keep_apart"]
-
-DREAM_STEPS = (
-    "materialising",
-    "pairing",
-    "conflicts",
-    "merging",
-    "promoting",
-    "reclassifying",
-    "summarising",
-    "archiving",
-)
-"""A dream's steps, in the order it takes them (a consolidation sweep skips
-reclassifying and summarising)."""
+__all__ = ["Dreamer", "keep_apart"]
 
 # Every threshold of a dream is the channel's setting: ``ChannelPolicy.dreams``.
 _NEIGHBOURS = 16
 _KEPT_APART = "kept_apart_from"  # the tag naming the memories a user separated
 _LIVE = frozenset({ACTIVE, COLD})
 DAY = 86_400.0
-
-
-@dataclass
-class DreamReport:
-    """What a dream changed, step by step."""
-
-    migrated: int = 0
-    merged: int = 0
-    keystoned: int = 0
-    promoted: int = 0
-    echoed: int = 0
-    pruned: int = 0
-    archived: int = 0
-    conflicts: int = 0
-    conflicts_unopened: int = 0
-    channel_heat_before: float = 0.0
-    channel_heat_after: float = 0.0
-    duration_ms: int = 0
-    swept: int = 0
-    """Of ``archived``: the coldest that a consolidation sweep moved to cold storage so the
-    channel holds fewer cold memories than its ``cold_count_trigger``."""
-    archived_ids: list[str] = field(default_factory=list)
-    merged_ids: list[str] = field(default_factory=list)
-    """The memories merged into another (each cluster's survivor is not among them)."""
-    reclassified: int = 0
-    """Memories whose inferred type a newer classifier changed."""
-    summarised: int = 0
-    summary_ids: list[str] = field(default_factory=list)
-    """The episode summaries the dream made (each a new semantic memory)."""
-    retiered: int = 0
-    """Memories moved to the vector tier their heat now calls for."""
-
-    def counts(self) -> dict[str, float]:
-        """The report's numbers (its lists of ids left out)."""
-        return {k: float(v) for k, v in self.__dict__.items() if not isinstance(v, list)}
-
-    def payload(self) -> dict[str, str]:
-        """The report as event payload fields (lists of ids comma-joined)."""
-        return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in self.__dict__.items()}
 
 
 class Dreamer:
@@ -124,7 +73,8 @@ class Dreamer:
 
         Each step holds the channel's lock only while it reads or writes the channel;
         the similarity search runs on a snapshot, so stores and recalls go on meanwhile.
-        ``on_step`` hears the name of each step (:data:`DREAM_STEPS`) as it begins.
+        ``on_step`` hears the name of each step as it begins
+        (:data:`~calor.server.engine.dream_report.DREAM_STEPS`).
         """
         started = time.perf_counter()
         on_step("materialising")

@@ -24,7 +24,8 @@ from calor.server.engine.changes import Bookkeeping, changing
 from calor.server.engine.channel import Channel
 from calor.server.engine.context import ContextBuilder, ContextQuery, ContextResult, TokenCounter
 from calor.server.engine.curator import Embed
-from calor.server.engine.dream import Dreamer, DreamReport
+from calor.server.engine.dream import Dreamer
+from calor.server.engine.dream_report import DreamReport
 from calor.server.engine.editing import MemoryEdits, record_of
 from calor.server.engine.evaluate import Evaluation, evaluate
 from calor.server.engine.feedback import TypeTally
