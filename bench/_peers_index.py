@@ -106,7 +106,7 @@ class ChannelIndexLayer:
         if vectors is None or not hasattr(vectors, "wants_graph") or not vectors.wants_graph():
             return 0.0
         from calor.server.recall.graph_files import GraphFiles, SavedGraph
-        from calor.server.recall.vectors import GraphLinks, fingerprints
+        from calor.server.recall.hnsw import GraphLinks, fingerprints
 
         started = time.perf_counter()
         build = vectors.snapshot()

@@ -17,7 +17,8 @@ from calor.server.clock import ManualClock, SystemClock
 from calor.server.engine.channel import Channel
 from calor.server.engine.graphs import GraphBuilds
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
-from calor.server.recall.vectors import GraphLinks, VectorIndex, fingerprints
+from calor.server.recall.hnsw import GraphLinks, fingerprints
+from calor.server.recall.vectors import VectorIndex
 from calor.server.storage.ops import AddMemory, ChangeList
 from calor.server.thermo.policy import ChannelPolicy
 from tests.conftest import ServerThread

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from calor.server.engine.channel import Channel
 from calor.server.heap import release
 from calor.server.recall.graph_files import GraphFiles, SavedGraph
+from calor.server.recall.hnsw import GraphLinks
 from calor.server.recall.index import ChannelIndex
 from calor.server.recall.tiers import TIERS
-from calor.server.recall.vectors import GraphLinks, VectorIndex
+from calor.server.recall.vectors import VectorIndex
 
 __all__ = ["GraphBuilds"]
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from calor.server.recall.vectors import GraphLinks
+from calor.server.recall.hnsw import GraphLinks
 
 __all__ = ["GraphFiles", "SavedGraph"]
 

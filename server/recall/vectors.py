@@ -7,44 +7,29 @@ and what changed while it was built is caught up when it is installed. HNSW cann
 a removed memory's label is a tombstone that searches skip, and the graph is rebuilt once
 tombstones make up a tenth of it.
 
-Vectors are held compressed at the index's precision (:data:`PRECISIONS`), and read back
-and scored as held: at half precision (half of float32's memory), or quantised to 8 or
-4 bits per dimension (a quarter, an eighth), each dimension's range trained on the
-bounds the index is made with; a graph holds them at the same precision and ranges.
-RocksDB keeps every vector whole. A built graph's links (:class:`GraphLinks`, no
-vectors) can be saved and, after a restart, joined again to the vectors RocksDB holds
+Vectors are held compressed at the index's precision
+(:data:`~calor.server.recall.hnsw.PRECISIONS`), and read back and scored as held: at
+half precision (half of float32's memory), or quantised to 8 or 4 bits per dimension (a
+quarter, an eighth), each dimension's range trained on the bounds the index is made
+with; a graph holds them at the same precision and ranges. RocksDB keeps every vector
+whole. A built graph's links (:class:`~calor.server.recall.hnsw.GraphLinks`, no vectors)
+can be saved and, after a restart, joined again to the vectors RocksDB holds
 (:meth:`VectorIndex.adopt`) instead of built again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 import faiss
 import numpy as np
 import numpy.typing as npt
 
 from calor.server.config import APPROXIMATE_ABOVE
+from calor.server.recall.hnsw import PRECISIONS, GraphLinks, fingerprints, new_graph, quantiser
 
-__all__ = [
-    "APPROXIMATE_ABOVE",
-    "PRECISIONS",
-    "ApproximateBuild",
-    "GraphLinks",
-    "VectorIndex",
-    "fingerprints",
-]
+__all__ = ["APPROXIMATE_ABOVE", "ApproximateBuild", "VectorIndex"]
 
-PRECISIONS: dict[str, Any] = {
-    "half": faiss.ScalarQuantizer.QT_fp16,
-    "int8": faiss.ScalarQuantizer.QT_8bit,
-    "int4": faiss.ScalarQuantizer.QT_4bit,
-}
-"""How an index may hold its vectors, by name: FAISS's scalar quantiser types."""
-
-_LINKS = 32  # HNSW M: neighbours per node
-_BUILD_BREADTH = 80  # efConstruction
 _SEARCH_BREADTH = 128  # least efSearch; at least twice k is used
 # Least efSearch when a few neighbours are looked for to link to (a store, a share, a
 # dream): in a graph of 60,000 short memories, 64 finds 0.992 of the exact nine nearest
@@ -63,75 +48,9 @@ _F32 = npt.NDArray[np.float32]
 _I64 = npt.NDArray[np.int64]
 _U64 = npt.NDArray[np.uint64]
 
-# The parts of a FAISS HNSW graph that hold its links (the vectors are stored apart).
-_LINK_ARRAYS = ("assign_probas", "cum_nneighbor_per_level", "levels", "offsets", "neighbors")
-_RANGES = "quantiser_ranges"  # saved beside the links: how vectors are encoded in bits
 # A quantised index's range in each dimension is the bounds it is made with, widened by
 # this share each way, so vectors added later rarely fall outside it.
 _RANGE_MARGIN = 0.05
-_FINGERPRINT_ROWS = 8_192  # rows hashed at a time (bounds the scratch memory)
-_FINGERPRINT_WEIGHTS = np.random.default_rng(0x6361_6C6F_72).integers(
-    1, 2**63, size=4_096, dtype=np.uint64
-) | np.uint64(1)
-
-
-def fingerprints(vectors: _F32 | _F16) -> _U64:
-    """A 64-bit hash of each row's bits at half precision, as exact search holds them:
-    equal rows, equal prints (so a saved graph can tell which of its vectors changed
-    without keeping them)."""
-    words = np.ascontiguousarray(vectors, dtype=np.float16).view(np.uint16)
-    weights = _FINGERPRINT_WEIGHTS[: words.shape[1]]
-    out = np.empty(words.shape[0], dtype=np.uint64)
-    for start in range(0, words.shape[0], _FINGERPRINT_ROWS):
-        chunk = words[start : start + _FINGERPRINT_ROWS].astype(np.uint64)
-        out[start : start + chunk.shape[0]] = (chunk * weights).sum(axis=1)  # wraps mod 2^64
-    return out
-
-
-@dataclass
-class GraphLinks:
-    """An HNSW graph without its vectors: which node links to which, at which level.
-
-    ``arrays`` are FAISS's own (levels, offsets, neighbours, ...) and the quantiser's
-    ranges; node ``i`` is the ``i``-th vector the graph was built from, held at
-    ``precision``.
-    """
-
-    arrays: dict[str, np.ndarray]
-    entry_point: int
-    max_level: int
-    precision: str = "half"
-
-    @property
-    def size(self) -> int:
-        """How many nodes the graph has."""
-        return int(self.arrays["levels"].shape[0])
-
-    @classmethod
-    def of(cls, graph: faiss.IndexIDMap2) -> GraphLinks:
-        """The links of a built graph (copied out), with its quantiser's ranges."""
-        index = cast(faiss.IndexHNSWSQ, faiss.downcast_index(graph.index))
-        arrays = {name: faiss.vector_to_array(getattr(index.hnsw, name)) for name in _LINK_ARRAYS}
-        quantiser = _quantiser(index)
-        arrays[_RANGES] = faiss.vector_to_array(quantiser.trained)
-        precision = next(name for name, kind in PRECISIONS.items() if kind == quantiser.qtype)
-        return cls(arrays, int(index.hnsw.entry_point), int(index.hnsw.max_level), precision)
-
-    def join(self, vectors: _F32, labels: _I64) -> faiss.IndexIDMap2:
-        """The searchable graph of these links with node ``i``'s vector and label in row
-        ``i``."""
-        index = _new_graph(vectors.shape[1], self.precision, self.arrays[_RANGES])
-        graph = faiss.IndexIDMap2(index)
-        for name in _LINK_ARRAYS:
-            target = getattr(index.hnsw, name)
-            target.clear()
-            faiss.copy_array_to_vector(self.arrays[name], target)
-        index.hnsw.entry_point, index.hnsw.max_level = self.entry_point, self.max_level
-        faiss.downcast_index(index.storage).add(np.ascontiguousarray(vectors, dtype=np.float32))
-        index.ntotal = graph.ntotal = self.size
-        faiss.copy_array_to_vector(labels, graph.id_map)
-        graph.construct_rev_map()
-        return graph
 
 
 @dataclass
@@ -156,7 +75,7 @@ class ApproximateBuild:
         """Build the graph (long: minutes at a million vectors); no lock needed."""
         if self.prints is None:
             self.prints = fingerprints(self.vectors)
-        graph = faiss.IndexIDMap2(_new_graph(self.dim, self.precision, self.ranges))
+        graph = faiss.IndexIDMap2(new_graph(self.dim, self.precision, self.ranges))
         for start in range(0, self.vectors.shape[0], _BUILD_BLOCK):
             block = self.vectors[start : start + _BUILD_BLOCK].astype(np.float32)
             graph.add_with_ids(block, self.labels[start : start + _BUILD_BLOCK])
@@ -168,8 +87,9 @@ class ApproximateBuild:
 class VectorIndex:
     """Unit vectors by int64 label; inner-product search, exact or approximate.
 
-    ``precision`` (a name in :data:`PRECISIONS`) is how the vectors are held; a quantised
-    index is made with ``bounds``: each dimension's least and greatest value (two rows)
+    ``precision`` (a name in :data:`~calor.server.recall.hnsw.PRECISIONS`) is how the
+    vectors are held; a quantised index is made with ``bounds``: each dimension's least
+    and greatest value (two rows)
     among the vectors it will hold, which its ranges are trained on.
 
     Not thread-safe: the caller holds the channel's lock around every call.
@@ -223,7 +143,7 @@ class VectorIndex:
         """A quantised index's trained ranges (None at half precision)."""
         if not self.quantised:
             return None
-        return np.asarray(faiss.vector_to_array(_quantiser(self._index).trained), dtype=np.float32)
+        return np.asarray(faiss.vector_to_array(quantiser(self._index).trained), dtype=np.float32)
 
     @property
     def approximate(self) -> bool:
@@ -245,7 +165,7 @@ class VectorIndex:
     @property
     def code_size(self) -> int:
         """Bytes each vector takes as held (its links in a graph not counted)."""
-        return int(_quantiser(self._index).code_size)
+        return int(quantiser(self._index).code_size)
 
     @property
     def live(self) -> int:
@@ -464,31 +384,6 @@ class VectorIndex:
         """A build will not be installed: stop noting changes for it."""
         self._building = False
         self._changed, self._removed = [], []
-
-
-def _new_graph(dim: int, precision: str, ranges: np.ndarray | None) -> faiss.IndexHNSWSQ:
-    """An empty HNSW graph over vectors held at ``precision``; a quantised one encodes
-    with the trained ``ranges`` it is given."""
-    index = faiss.IndexHNSWSQ(dim, PRECISIONS[precision], _LINKS, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = _BUILD_BREADTH
-    if precision != "half":
-        if ranges is None or ranges.size == 0:
-            raise ValueError(f"a {precision} graph needs its quantiser's ranges")
-        storage = faiss.downcast_index(index.storage)
-        faiss.copy_array_to_vector(np.asarray(ranges, dtype=np.float32), _quantiser(index).trained)
-        storage.is_trained = index.is_trained = True
-    return index
-
-
-def _quantiser(index: faiss.Index) -> faiss.ScalarQuantizer:
-    """The scalar quantiser of an index's vectors: an exact index's own, a graph's
-    storage's."""
-    inner: Any = faiss.downcast_index(
-        index.index if isinstance(index, faiss.IndexIDMap2) else index
-    )
-    if isinstance(inner, faiss.IndexHNSW):
-        inner = faiss.downcast_index(inner.storage)
-    return cast(faiss.ScalarQuantizer, inner.sq)
 
 
 def _catch_up(nodes: int) -> float:
