@@ -20,7 +20,8 @@ from mcp import Client, MCPError, StdioServerParameters, types
 from calor.client import AsyncCalorClient, CalorClient
 from calor.client._enums import MEMORY_TYPE_NAMES
 from calor.client._mcp import call_tool
-from calor.client._mcp_tools import TOOLS, export_sections
+from calor.client._mcp_calls import export_sections
+from calor.client._mcp_tools import TOOLS
 from tests.helpers import Run
 
 DEFAULT_CHANNEL = "mcp-default"
