@@ -1,6 +1,5 @@
-"""The store's schema record (``meta``: version, model, dimension) and the named
-migrations that bring a store written by an older schema version up to date at open,
-each recorded under ``meta:migrations``."""
+"""The named migrations that bring a store written by an older schema version up to
+date at open; the store records each under ``meta:migrations``."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import rocksdict
 from calor.server.storage.keys import Keys
 from calor.server.storage.trigger_keys import triggers_by_channel
 
-__all__ = ["migrate", "write_meta"]
+__all__ = ["migrate"]
 
 # A migration brings a store from the version before it to its own: (version, name, step).
 _Migration = tuple[int, str, Callable[[rocksdict.Rdict], None]]
@@ -31,24 +30,15 @@ MIGRATIONS: list[_Migration] = [
 ]
 
 
-def write_meta(db: rocksdict.Rdict, meta: dict[str, object], migrations: list[str]) -> None:
-    """Record the schema ``meta`` and the migrations done, synced, in one batch."""
-    write_options = rocksdict.WriteOptions()
-    write_options.sync = True
-    batch = rocksdict.WriteBatch(raw_mode=True)
-    batch.put(Keys.META, json.dumps(meta).encode())
-    batch.put(Keys.MIGRATIONS, json.dumps(migrations).encode())
-    db.write(batch, write_options)
-
-
-def migrate(db: rocksdict.Rdict, version: int, meta: dict[str, object]) -> None:
-    """Run the migrations after ``version`` in order, then record them and the version.
+def migrate(db: rocksdict.Rdict, version: int) -> list[str]:
+    """Run the migrations after ``version`` in order; the names of every migration the
+    store went through, these last, for the store to record with its new version.
 
     Each migration is idempotent, so a crash before the record is written repeats it.
     """
-    done = json.loads(db.get(Keys.MIGRATIONS) or b"[]")
+    done: list[str] = json.loads(db.get(Keys.MIGRATIONS) or b"[]")
     for target, name, step in MIGRATIONS:
         if target > version:
             step(db)
             done.append(name)
-    write_meta(db, meta, done)
+    return done

@@ -57,7 +57,7 @@ from calor.server.storage.keys import (
 )
 from calor.server.storage.lock import in_use
 from calor.server.storage.logged import EMPTY_ENTRY, LoggedBatch, WriteLog, replay
-from calor.server.storage.migrations import migrate, write_meta
+from calor.server.storage.migrations import migrate
 from calor.server.storage.ops import (
     ChangeList,
     Quote,
@@ -197,7 +197,7 @@ class MemoryStore(StoreReads):
         expected = {"schema_version": SCHEMA_VERSION, "model_id": model_id, "dim": dim}
         found = db.get(Keys.META)
         if found is None:
-            write_meta(db, expected, [])
+            _write_meta(db, expected, [])
         else:
             meta = json.loads(found)
             version = int(meta.get("schema_version", 0))
@@ -209,7 +209,7 @@ class MemoryStore(StoreReads):
                     "point --data-dir elsewhere or re-import the memories"
                 )
             if version < SCHEMA_VERSION:
-                migrate(db, version, expected)
+                _write_meta(db, expected, migrate(db, version))
         return cls(db, path, dim, sync)
 
     def migrations(self) -> list[str]:
@@ -527,3 +527,13 @@ def _ranges_from(saved: bytes | None) -> dict[bytes, tuple[bytes, bytes]]:
         return {}
     ranges = [(bytes.fromhex(start), bytes.fromhex(end)) for start, end in json.loads(saved)]
     return _merged({}, ranges)
+
+
+def _write_meta(db: rocksdict.Rdict, meta: dict[str, object], migrations: list[str]) -> None:
+    """Record the schema ``meta`` and the migrations done, synced, in one batch."""
+    write_options = rocksdict.WriteOptions()
+    write_options.sync = True
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    batch.put(Keys.META, json.dumps(meta).encode())
+    batch.put(Keys.MIGRATIONS, json.dumps(migrations).encode())
+    db.write(batch, write_options)
