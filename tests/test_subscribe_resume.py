@@ -4,6 +4,7 @@ subscriptions reconnect through outages for as long as they last, against real s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -20,6 +21,7 @@ from calor.models.embedder import OnnxEmbedder
 from calor.server.clock import SystemClock
 from calor.server.config import ServerConfig
 from calor.server.events import EventRecord
+from calor.triggers.subscriptions import EventFilter, SubscriptionHub
 from calor.v1 import trigger_service_pb2 as tpb
 from calor.v1.trigger_service_pb2_grpc import TriggerServiceStub
 from tests.conftest import ServerThread
@@ -285,6 +287,30 @@ def test_from_oldest_retained_is_asked_only_until_an_event_arrives() -> None:
     assert resumer.accept(tpb.SubscribeResponse(event=tpb.Event(seq=9)))
     again = resumer.request()
     assert (again.after_seq, again.from_oldest_retained) == (9, False)
+
+
+def test_a_stream_from_now_leaves_out_an_event_committed_before_it_not_yet_published() -> None:
+    """A store is acknowledged once its event is committed; the event reaches the
+    subscribers' loop moments later. A stream opened "from now" in between starts after
+    it, so a client never hears of a write it was told of before subscribing."""
+    logged = [EventRecord("on_store", "c", 0.0).with_seq(n) for n in (1, 2, 3)]
+
+    async def read_after(seq: int, limit: int) -> list[EventRecord]:
+        return [e for e in logged if e.seq > seq][:limit]
+
+    async def scenario() -> list[int]:
+        hub = SubscriptionHub(read_after, last_logged=lambda: logged[-2].seq)
+        hub.publish(logged[:1])  # event 2 is committed, not yet published
+        now = await hub.last_seq()
+        stream = hub.subscribe(EventFilter(), after_seq=now)
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)
+        hub.publish(logged[1:])  # 2 arrives late, then 3 is stored after the subscription
+        seen = [(await first).seq]
+        await stream.aclose()
+        return [now, *seen]
+
+    assert asyncio.run(scenario()) == [2, 3]
 
 
 class FakeUnavailable(grpc.RpcError):

@@ -144,7 +144,11 @@ class TriggerEngine:
         self._retention_seconds = retention_seconds
         self.registry = TriggerRegistry(store)
         memories.owners.append(self.registry)  # a dropped channel's triggers go with it
-        self.hub = SubscriptionHub(lambda seq, n: run(store.events_after, seq, n), queue_size)
+        self.hub = SubscriptionHub(
+            lambda seq, n: run(store.events_after, seq, n),
+            queue_size,
+            last_logged=lambda: store.last_seq,
+        )
         self.scheduler = DecayScheduler(memories, self.registry, clock, run, self._fire_decay)
         self._wake = asyncio.Event()
         self._cursor = 0  # every event up to here is handled

@@ -64,8 +64,12 @@ class SubscriptionHub:
         read_after: Callable[[int, int], Awaitable[list[EventRecord]]],
         queue_size: int = 1024,
         replay_chunk: int = 512,
+        last_logged: Callable[[], int] | None = None,
     ) -> None:
         self._read_after = read_after
+        self._last_logged = last_logged
+        """The sequence of the last event committed to the log, which may be ahead of
+        what has been published (events reach the loop moments after their commit)."""
         self._queue_size = queue_size
         self._replay_chunk = replay_chunk
         self._subscribers: set[_Subscriber] = set()
@@ -80,8 +84,10 @@ class SubscriptionHub:
         return sum(1 for subscriber in self._subscribers if not subscriber.relay)
 
     async def last_seq(self) -> int:
-        """The sequence of the last event published to subscribers (0 for none)."""
-        return self.published_seq
+        """The sequence of the last event logged (0 for none), published or about to be:
+        a stream from there holds nothing committed before it was asked for."""
+        logged = self._last_logged() if self._last_logged is not None else 0
+        return max(self.published_seq, logged)
 
     def publish(self, events: Sequence[EventRecord]) -> None:
         """Offer logged events (in sequence order) to every subscriber."""
